@@ -1,0 +1,27 @@
+"""gunicorn settings for mailsvc: ``gunicorn -c gunicorn.conf.py``.
+
+``-b`` and ``-w`` on the command line override what is set here, as gunicorn always allows.
+Delivery threads start in each worker after fork and stop, gracefully, when the worker exits.
+"""
+
+from mailsvc.settings import load_settings
+
+_settings = load_settings()
+
+wsgi_app = "mailsvc.wsgi:app"
+bind = _settings.bind
+workers = _settings.workers
+worker_class = "gthread"
+threads = 4
+# Time a stopping worker has to finish its requests and the SMTP transactions in flight.
+graceful_timeout = 30
+
+
+def post_worker_init(worker):
+    worker.wsgi.start()
+
+
+def worker_exit(server, worker):
+    app = getattr(worker, "wsgi", None)
+    if app is not None and hasattr(app, "stop"):
+        app.stop(graceful=True, timeout=server.cfg.graceful_timeout - 1)

@@ -1,0 +1,87 @@
+"""Operator actions on accounts, credit, API keys, sender domains and rate limits.
+
+Used by the CLI; each takes the store and returns the data to show. Each raises
+:class:`OperatorError` with a message for a person when the action cannot be done.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .addresses import normalise_domain
+from .auth import SCOPES, issue_key
+from .errors import ValidationFailed
+from .ids import new_id
+from .ratelimit import ROUTE_GROUPS
+from .store import Database, DomainTaken
+
+
+class OperatorError(Exception):
+    """An operator action that cannot be done, with the reason."""
+
+
+def create_account(db: Database, name: str, credits: int = 0) -> dict[str, Any]:
+    if not name.strip():
+        raise OperatorError("--name: must not be empty")
+    if credits < 0:
+        raise OperatorError("--credits: must be at least 0")
+    with db.transaction() as tx:
+        account = tx.create_account(new_id("acc"), name.strip(), credits, time.time())
+    return {"id": account.id, "name": account.name, "credits": account.credits}
+
+
+def add_credits(db: Database, account_id: str, amount: int) -> dict[str, Any]:
+    with db.transaction() as tx:
+        balance = tx.add_credits(account_id, amount)
+    if balance is None:
+        raise OperatorError(f"account {account_id}: not found")
+    return {"account": account_id, "credits": balance}
+
+
+def create_key(db: Database, account_id: str, scope: str = "full") -> dict[str, Any]:
+    if scope not in SCOPES:
+        raise OperatorError(f"--scope: must be one of {', '.join(SCOPES)}")
+    key = issue_key()
+    with db.transaction() as tx:
+        _require_account(tx, account_id)
+        tx.create_api_key(key.id, account_id, key.secret_hash, scope, time.time())
+    return {"id": key.id, "key": key.token, "scope": scope}
+
+
+def revoke_key(db: Database, key_id: str) -> dict[str, Any]:
+    with db.transaction() as tx:
+        if not tx.revoke_api_key(key_id, time.time()):
+            raise OperatorError(f"key {key_id}: not found")
+    return {"id": key_id, "revoked": True}
+
+
+def add_domain(db: Database, account_id: str, domain: str, verified: bool) -> dict[str, Any]:
+    try:
+        name = normalise_domain(domain, "domain")
+    except ValidationFailed as exc:
+        raise OperatorError(exc.message) from None
+    with db.transaction() as tx:
+        _require_account(tx, account_id)
+        try:
+            tx.add_domain(new_id("dom"), account_id, name, verified, time.time())
+        except DomainTaken:
+            raise OperatorError(f"domain {name}: already verified by another account") from None
+        verified_now = tx.is_domain_verified(account_id, name)
+    return {"domain": name, "verified": verified_now}
+
+
+def set_limit(db: Database, account_id: str, group: str, per_minute: int) -> dict[str, Any]:
+    if group not in ROUTE_GROUPS:
+        raise OperatorError(f"--group: must be one of {', '.join(ROUTE_GROUPS)}")
+    if per_minute < 1:
+        raise OperatorError("--per-minute: must be at least 1")
+    with db.transaction() as tx:
+        _require_account(tx, account_id)
+        tx.set_rate_limit(account_id, group, per_minute)
+    return {"account": account_id, "group": group, "perMinute": per_minute}
+
+
+def _require_account(tx: Any, account_id: str) -> None:
+    if tx.get_account(account_id) is None:
+        raise OperatorError(f"account {account_id}: not found")

@@ -1,0 +1,77 @@
+"""API keys: how they are made, stored and checked.
+
+A key reads ``ms_<key id>_<secret>``. The secret holds 256 random bits and only its SHA-256 is
+stored: with that much entropy a slow hash adds nothing. Keys are looked up by id and the hash is
+compared in constant time, so timing says nothing about the secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+
+from .errors import Forbidden, NotAuthenticated
+from .ids import new_id
+from .store import Transaction
+
+FULL = "full"
+SENDING = "sending"
+SCOPES = (FULL, SENDING)
+
+_TOKEN = re.compile(r"ms_([a-z2-7]{26})_([a-z2-7]{52})")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is from."""
+
+    account_id: str
+    key_id: str
+    scope: str
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    id: str
+    token: str
+    secret_hash: bytes
+
+
+def issue_key() -> IssuedKey:
+    """A new key: its id, the token shown once to its owner, and the hash to store."""
+    key_id = new_id("key")
+    secret = base64.b32encode(secrets.token_bytes(32)).decode("ascii").rstrip("=").lower()
+    return IssuedKey(key_id, f"ms_{key_id.removeprefix('key_')}_{secret}", _hash(secret))
+
+
+def authenticate(authorization: str | None, tx: Transaction) -> Principal:
+    """The principal an ``Authorization`` header names.
+
+    :raises NotAuthenticated: the header is missing, malformed, or names no live key.
+    """
+    if not authorization:
+        raise NotAuthenticated("Authorization: missing; send 'Authorization: Bearer <API key>'")
+    scheme, _, token = authorization.partition(" ")
+    match = _TOKEN.fullmatch(token.strip())
+    if scheme.lower() != "bearer" or match is None:
+        raise NotAuthenticated("Authorization: malformed; expected 'Bearer <API key>'")
+    key = tx.get_api_key("key_" + match.group(1))
+    if key is None or key.revoked or not hmac.compare_digest(
+        key.secret_hash, _hash(match.group(2))
+    ):
+        raise NotAuthenticated("Authorization: unknown or revoked API key")
+    return Principal(key.account_id, key.id, key.scope)
+
+
+def require_scope(principal: Principal, scopes: tuple[str, ...]) -> None:
+    """:raises Forbidden: the principal's key scope is not among ``scopes``."""
+    if principal.scope not in scopes:
+        raise Forbidden(f"API key: a '{principal.scope}' key cannot use this endpoint")
+
+
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("ascii")).digest()

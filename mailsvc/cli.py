@@ -1,0 +1,87 @@
+"""The operator CLI, ``mailsvc`` (also ``python -m mailsvc``), on the service's own settings.
+
+Each command prints one JSON object on stdout and exits 0; on error it prints a message on
+stderr and exits 1 (2 for a command line that does not parse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import accounts
+from .settings import SettingsError, load_settings
+from .store import Database
+
+Action = Callable[[Database, argparse.Namespace], dict[str, Any]]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mailsvc", description="Operate a mailsvc store (MAILSVC_DATABASE)."
+    )
+    nouns = parser.add_subparsers(dest="noun", required=True)
+
+    def command(noun: Any, name: str, action: Action, help: str) -> argparse.ArgumentParser:
+        sub = noun.add_parser(name, help=help)
+        sub.set_defaults(action=action)
+        return sub
+
+    noun = nouns.add_parser("accounts", help="accounts").add_subparsers(dest="verb", required=True)
+    sub = command(noun, "create", lambda db, a: accounts.create_account(db, a.name, a.credits),
+                  "create an account")
+    sub.add_argument("--name", required=True)
+    sub.add_argument("--credits", type=int, default=0)
+
+    noun = nouns.add_parser("credits", help="credit").add_subparsers(dest="verb", required=True)
+    sub = command(noun, "add", lambda db, a: accounts.add_credits(db, a.account, a.amount),
+                  "add credit to an account (negative to remove)")
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--amount", type=int, required=True)
+
+    noun = nouns.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
+    sub = command(noun, "create", lambda db, a: accounts.create_key(db, a.account, a.scope),
+                  "create an API key (shown once)")
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--scope", choices=("full", "sending"), default="full")
+    sub = command(noun, "revoke", lambda db, a: accounts.revoke_key(db, a.key_id),
+                  "revoke an API key")
+    sub.add_argument("key_id", metavar="KEY_ID")
+
+    noun = nouns.add_parser("domains", help="sender domains").add_subparsers(
+        dest="verb", required=True
+    )
+    sub = command(
+        noun, "add", lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified),
+        "add a sender domain to an account",
+    )
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--verified", action="store_true",
+                     help="mark it verified now (operator override of the DNS check)")
+    sub.add_argument("domain", metavar="DOMAIN")
+
+    noun = nouns.add_parser("limits", help="rate limits").add_subparsers(dest="verb", required=True)
+    sub = command(
+        noun, "set", lambda db, a: accounts.set_limit(db, a.account, a.group, a.per_minute),
+        "set an account's own rate limit for a route group",
+    )
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--group", required=True, choices=("send", "list", "other"))
+    sub.add_argument("--per-minute", type=int, required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = _parser().parse_args(argv)
+    try:
+        settings = load_settings()
+        db = Database(settings.database, settings.sqlite_synchronous)
+        result = arguments.action(db, arguments)
+    except (accounts.OperatorError, SettingsError) as exc:
+        print(f"mailsvc: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result))
+    return 0

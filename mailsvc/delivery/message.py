@@ -1,0 +1,44 @@
+"""Turning a queued email into the bytes that go on the wire.
+
+The message is rebuilt from the stored record on every attempt and comes out the same each time:
+``Date`` is the time of acceptance and ``Message-ID`` was fixed when the email was queued, so a
+relay or a recipient can recognise a retry.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.policy import SMTP, SMTPUTF8
+from email.utils import format_datetime
+
+from ..store import EmailRecord
+
+
+def build_message(email: EmailRecord, utf8: bool = False) -> bytes:
+    """The RFC 5322 message of ``email``, CRLF line endings, lines within 998 octets.
+
+    :param utf8: the relay accepts SMTPUTF8, so headers may carry raw UTF-8 addresses.
+        Otherwise non-ASCII header text is RFC 2047 encoded.
+    """
+    message = EmailMessage(policy=SMTPUTF8 if utf8 else SMTP)
+    message["From"] = _address(email.sender_address, email.sender_name)
+    message["To"] = [_address(recipient.address) for recipient in email.recipients]
+    if email.reply_to:
+        message["Reply-To"] = _address(email.reply_to)
+    message["Subject"] = email.subject
+    message["Date"] = format_datetime(datetime.fromtimestamp(email.created_at, UTC))
+    message["Message-ID"] = email.message_id
+    if email.text is not None:
+        message.set_content(email.text)
+        if email.html is not None:
+            message.add_alternative(email.html, subtype="html")
+    else:
+        message.set_content(email.html or "", subtype="html")
+    return message.as_bytes()
+
+
+def _address(address: str, name: str | None = None) -> Address:
+    local, _, domain = address.rpartition("@")
+    return Address(display_name=name or "", username=local, domain=domain)

@@ -1,0 +1,235 @@
+"""Where mail goes: an SMTP relay (``MAILSVC_SMTP_URL``), or a Maildir on this machine.
+
+A transport takes one message for several recipients and answers one :class:`Reply` per
+recipient. It never raises for what the relay or the network does; a reply without a code means
+no SMTP reply came (refused connection, timeout, connection lost).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import smtplib
+import socket
+import ssl
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from ..settings import Settings, SettingsError
+
+_ENHANCED = re.compile(r"^([245]\.\d{1,3}\.\d{1,3})\b")
+#: A connection unused for longer than this is checked with NOOP before it is used again.
+_IDLE_CHECK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Reply:
+    code: int | None
+    text: str
+
+    @property
+    def enhanced_code(self) -> str | None:
+        match = _ENHANCED.match(self.text)
+        return match.group(1) if match else None
+
+
+class Transport(Protocol):
+    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class RelayUrl:
+    """``smtp://[user:password@]host[:port][?starttls=1]`` or ``smtps://...``."""
+
+    host: str
+    port: int
+    implicit_tls: bool
+    starttls: bool
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> RelayUrl:
+        """:raises SettingsError: the URL is not of that form."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+            raise SettingsError("MAILSVC_SMTP_URL: expected smtp://host[:port] or smtps://host")
+        try:
+            port = parts.port
+        except ValueError:
+            raise SettingsError("MAILSVC_SMTP_URL: port is not a number") from None
+        query = parse_qs(parts.query)
+        return cls(
+            host=parts.hostname,
+            port=port or (465 if parts.scheme == "smtps" else 25),
+            implicit_tls=parts.scheme == "smtps",
+            starttls=query.get("starttls", ["0"])[0].lower() in ("1", "true", "yes"),
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+
+
+def open_transport(settings: Settings) -> Transport:
+    """A new transport for one delivery thread, as the settings say."""
+    if settings.smtp_url:
+        return SmtpRelay(RelayUrl.parse(settings.smtp_url), settings.smtp_timeout_seconds)
+    return MaildirOutbox(Path(settings.outbox))
+
+
+class SmtpRelay:
+    """Sends through one relay over a connection kept open between messages."""
+
+    def __init__(self, url: RelayUrl, timeout: float) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._connection: smtplib.SMTP | None = None
+        self._last_used = 0.0
+
+    @property
+    def supports_smtputf8(self) -> bool:
+        return self._connection is not None and self._connection.has_extn("smtputf8")
+
+    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
+        reused = self._connection is not None
+        replies = self._transaction(sender, recipients, message)
+        if reused and all(reply.code is None and reply.text.startswith("MAIL FROM") for reply in replies):
+            # The relay closed the kept connection while it was idle; nothing was sent yet.
+            replies = self._transaction(sender, recipients, message)
+        return replies
+
+    def _transaction(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
+        replies: list[Reply | None] = [None] * len(recipients)
+        phase = "connecting"
+        try:
+            connection = self._ready_connection()
+            phase = "MAIL FROM"
+            code, text = connection.mail(sender)
+            if code != 250:
+                connection.rset()
+                return [Reply(code, _text(text))] * len(recipients)
+            phase = "RCPT TO"
+            for index, recipient in enumerate(recipients):
+                code, text = connection.rcpt(recipient)
+                replies[index] = Reply(code, _text(text))
+            accepted = [i for i, reply in enumerate(replies) if reply and reply.code in (250, 251)]
+            if not accepted:
+                connection.rset()
+                return [reply for reply in replies if reply is not None]
+            phase = "DATA"
+            code, text = connection.data(message)
+            for index in accepted:
+                replies[index] = Reply(code, _text(text))
+        except smtplib.SMTPResponseException as exc:
+            # DATA refused before the message was sent (no 354).
+            self._drop()
+            failure = Reply(exc.smtp_code, _text(exc.smtp_error))
+            return [failure if r is None or r.code in (250, 251) else r for r in replies]
+        except (OSError, smtplib.SMTPException) as exc:
+            self._drop()
+            failure = Reply(None, f"{phase}: {_describe(exc)}")
+            return [failure if r is None or phase == "DATA" and r.code in (250, 251) else r
+                    for r in replies]
+        self._last_used = time.monotonic()
+        return [reply for reply in replies if reply is not None]
+
+    def close(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.quit()
+            except (OSError, smtplib.SMTPException):
+                pass
+            self._drop()
+
+    def _ready_connection(self) -> smtplib.SMTP:
+        if self._connection is not None and time.monotonic() - self._last_used > _IDLE_CHECK_SECONDS:
+            try:
+                if self._connection.noop()[0] != 250:
+                    self._drop()
+            except (OSError, smtplib.SMTPException):
+                self._drop()
+        if self._connection is None:
+            self._connection = self._connect()
+        return self._connection
+
+    def _connect(self) -> smtplib.SMTP:
+        url = self.url
+        context = ssl.create_default_context()
+        connection: smtplib.SMTP
+        if url.implicit_tls:
+            connection = smtplib.SMTP_SSL(url.host, url.port, timeout=self.timeout, context=context)
+        else:
+            connection = smtplib.SMTP(url.host, url.port, timeout=self.timeout)
+        try:
+            connection.ehlo()
+            if url.starttls:
+                connection.starttls(context=context)
+                connection.ehlo()
+            if url.username:
+                connection.login(url.username, url.password or "")
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _drop(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class MaildirOutbox:
+    """Delivers into a Maildir: the embedded default, so a fresh machine delivers somewhere.
+
+    Each message is written to ``tmp/``, flushed to disk, then renamed into ``new/``, so a crash
+    never leaves a partial message where a reader looks.
+    """
+
+    supports_smtputf8 = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
+        envelope = f"Return-Path: <{sender}>\r\n" + "".join(
+            f"Delivered-To: {recipient}\r\n" for recipient in recipients
+        )
+        name = f"{time.time():.6f}.{uuid.uuid4().hex}.{socket.gethostname()}"
+        try:
+            for folder in ("tmp", "new", "cur"):
+                (self.path / folder).mkdir(parents=True, exist_ok=True)
+            staged = self.path / "tmp" / name
+            with open(staged, "wb") as handle:
+                handle.write(envelope.encode("utf-8") + message)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(staged, self.path / "new" / name)
+            directory = os.open(self.path / "new", os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as exc:
+            return [Reply(None, f"Maildir {self.path}: {exc.strerror or exc}")] * len(recipients)
+        return [Reply(250, f"2.0.0 delivered to Maildir {self.path}")] * len(recipients)
+
+    def close(self) -> None:
+        pass
+
+
+def _text(reply: bytes | str) -> str:
+    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return "timed out"
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return "connection lost"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,139 @@
+"""Settings: one table of every knob, with its default and help line.
+
+Layered: the defaults below, then ``MAILSVC_<NAME>`` environment variables, then an explicit
+mapping from the caller (tests, embedding apps). The README's settings table is tested against
+:data:`SETTINGS`, so a setting cannot exist undocumented.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be at least 0")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _synchronous(value: str) -> str:
+    upper = value.upper()
+    if upper not in ("FULL", "NORMAL", "EXTRA"):
+        raise ValueError("must be FULL, EXTRA or NORMAL")
+    return upper
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+
+    @property
+    def env_name(self) -> str:
+        return "MAILSVC_" + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("bind", "127.0.0.1:8000", "Address gunicorn listens on (`-b` overrides it).", str),
+    Setting("workers", 2, "gunicorn worker processes (`-w` overrides it).", _positive_int),
+    Setting("database", "./var/mailsvc.sqlite3", "SQLite file: the store and the queue."),
+    Setting(
+        "sqlite_synchronous",
+        "FULL",
+        "SQLite `synchronous` for writes that accept mail (FULL, EXTRA or NORMAL).",
+        _synchronous,
+    ),
+    Setting(
+        "smtp_url",
+        "",
+        "Relay, as `smtp://[user:password@]host[:port][?starttls=1]` or `smtps://...`. "
+        "Empty: deliver into the Maildir at `MAILSVC_OUTBOX`.",
+    ),
+    Setting("outbox", "./var/outbox", "Maildir that receives mail when no relay is set."),
+    Setting("smtp_timeout_seconds", 30.0, "Timeout of each SMTP command.", _positive_float),
+    Setting("delivery_threads", 4, "Delivery threads in each worker process.", _positive_int),
+    Setting(
+        "lease_seconds",
+        120.0,
+        "How long a claim on an email lasts before another process may take it over.",
+        _positive_float,
+    ),
+    Setting(
+        "poll_seconds",
+        1.0,
+        "How often idle delivery threads look for mail queued by other processes.",
+        _positive_float,
+    ),
+    Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
+    Setting(
+        "credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int
+    ),
+    Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
+    Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),
+    Setting("rate_other_per_minute", 60, "Rate limit of every other endpoint.", _positive_int),
+)
+
+_BY_NAME = {setting.name: setting for setting in SETTINGS}
+
+
+class Settings(dict[str, Any]):
+    """The resolved settings, readable as attributes (``settings.database``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def load_settings(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Resolve every setting: defaults, then ``MAILSVC_*`` environment, then ``overrides``.
+
+    :param overrides: values by setting name (``{"database": "/tmp/x.sqlite3"}``); they win.
+    :param environ: the environment to read, ``os.environ`` when not given.
+    :raises SettingsError: for an unknown name or a value that does not parse.
+    """
+    environ = os.environ if environ is None else environ
+    resolved = Settings({setting.name: setting.default for setting in SETTINGS})
+    for setting in SETTINGS:
+        if setting.env_name in environ:
+            resolved[setting.name] = _parse(setting, environ[setting.env_name], setting.env_name)
+    for name, value in (overrides or {}).items():
+        setting = _BY_NAME.get(name)
+        if setting is None:
+            raise SettingsError(f"unknown setting {name!r}")
+        resolved[name] = _parse(setting, value, name) if isinstance(value, str) else value
+    return resolved
+
+
+def _parse(setting: Setting, raw: str, source: str) -> Any:
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{source}: {exc}") from None

@@ -1,0 +1,122 @@
+"""Store verbs for emails: the queue that delivery drains.
+
+An email needing attention has ``due_at`` set: the time of its next attempt while it waits, or
+the end of the lease of the thread sending it. Claiming takes every due email, whichever the
+reason, so an email whose sender died is taken over once its lease runs out.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+from .. import statuses
+from .records import EmailRecord, NewEmail, Recipient
+
+_EMAIL_COLUMNS = (
+    "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
+    "template_id, message_id, created_at, sent_at, last_error, attempts"
+)
+
+
+class QueueVerbs:
+    connection: sqlite3.Connection
+
+    def enqueue_email(self, email: NewEmail) -> None:
+        cursor = self.connection.execute(
+            "INSERT INTO emails (id, account_id, status, sender_name, sender_address, reply_to, "
+            "subject, html, text, template_id, variables, message_id, created_at, due_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                email.id, email.account_id, statuses.QUEUED, email.sender_name,
+                email.sender_address, email.reply_to, email.subject, email.html, email.text,
+                email.template_id, email.variables, email.message_id, email.created_at,
+                email.created_at,
+            ),
+        )
+        self.connection.executemany(
+            "INSERT INTO recipients (email_seq, position, address, status) VALUES (?, ?, ?, ?)",
+            [
+                (cursor.lastrowid, position, address, statuses.QUEUED)
+                for position, address in enumerate(email.recipients)
+            ],
+        )
+
+    def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
+        """The account's email with this id; None for an unknown id or another account's."""
+        row = self.connection.execute(
+            f"SELECT {_EMAIL_COLUMNS} FROM emails WHERE id = ? AND account_id = ?",
+            (email_id, account_id),
+        ).fetchone()
+        return self._with_recipients([row])[0] if row else None
+
+    def claim_due(
+        self, owner: str, now: float, lease_seconds: float, limit: int = 1
+    ) -> list[EmailRecord]:
+        """Lease up to ``limit`` due emails to ``owner`` and mark them ``sending``."""
+        rows = self.connection.execute(
+            f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
+            f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ? ORDER BY due_at LIMIT ?) "
+            f"RETURNING {_EMAIL_COLUMNS}",
+            (statuses.SENDING, owner, now + lease_seconds, now, limit),
+        ).fetchall()
+        return self._with_recipients(rows)
+
+    def finish_attempt(
+        self,
+        seq: int,
+        owner: str,
+        status: str,
+        recipients: Iterable[tuple[int, Recipient]],
+        now: float,
+        due_at: float | None,
+        last_error: str | None,
+    ) -> bool:
+        """Record an attempt's outcome, if ``owner`` still holds the lease.
+
+        :param recipients: ``(position, outcome)`` of each recipient the attempt tried.
+        :param due_at: when to try again; None when the email is final.
+        :returns: False when the lease was lost to another thread (nothing is written).
+        """
+        cursor = self.connection.execute(
+            "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
+            "sent_at = CASE WHEN ? = 'sent' THEN ? ELSE sent_at END "
+            "WHERE seq = ? AND lease_owner = ?",
+            (status, due_at, last_error, status, now, seq, owner),
+        )
+        if cursor.rowcount != 1:
+            return False
+        self.connection.executemany(
+            "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
+            "WHERE email_seq = ? AND position = ?",
+            [
+                (r.status, r.smtp_code, r.enhanced_code, r.reply, seq, position)
+                for position, r in recipients
+            ],
+        )
+        return True
+
+    def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
+        """Give back leased emails that were never attempted, due at once for anyone."""
+        if not seqs:
+            return 0
+        marks = ",".join("?" * len(seqs))
+        cursor = self.connection.execute(
+            f"UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, "
+            f"attempts = attempts - 1 WHERE lease_owner = ? AND seq IN ({marks})",
+            (statuses.QUEUED, now, owner, *seqs),
+        )
+        return cursor.rowcount
+
+    def _with_recipients(self, rows: list[sqlite3.Row]) -> list[EmailRecord]:
+        if not rows:
+            return []
+        marks = ",".join("?" * len(rows))
+        by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
+        for recipient in self.connection.execute(
+            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
+            f"FROM recipients WHERE email_seq IN ({marks}) ORDER BY email_seq, position",
+            [row[0] for row in rows],
+        ):
+            by_email[recipient[0]].append(Recipient(*recipient[1:]))
+        return [EmailRecord(*row, recipients=tuple(by_email[row[0]])) for row in rows]

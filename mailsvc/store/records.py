@@ -1,0 +1,71 @@
+"""Plain records the store reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Account:
+    id: str
+    name: str
+    credits: int
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    account_id: str
+    secret_hash: bytes
+    scope: str
+    revoked: bool
+
+
+@dataclass(frozen=True)
+class Recipient:
+    address: str
+    status: str
+    smtp_code: int | None = None
+    enhanced_code: str | None = None
+    reply: str | None = None
+
+
+@dataclass(frozen=True)
+class NewEmail:
+    """An accepted email, as the send path hands it to the queue."""
+
+    id: str
+    account_id: str
+    sender_name: str | None
+    sender_address: str
+    recipients: tuple[str, ...]
+    subject: str
+    html: str | None
+    text: str | None
+    reply_to: str | None
+    template_id: str | None
+    variables: str | None
+    message_id: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class EmailRecord:
+    seq: int
+    id: str
+    account_id: str
+    status: str
+    sender_name: str | None
+    sender_address: str
+    reply_to: str | None
+    subject: str
+    html: str | None
+    text: str | None
+    template_id: str | None
+    message_id: str
+    created_at: float
+    sent_at: float | None
+    last_error: str | None
+    attempts: int
+    recipients: tuple[Recipient, ...] = field(default=())

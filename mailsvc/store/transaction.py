@@ -1,0 +1,31 @@
+"""The object a transaction hands out: every store verb, on one connection."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .accounts import AccountVerbs, DomainTaken
+from .queue import QueueVerbs
+
+__all__ = ["DomainTaken", "Transaction"]
+
+
+class Transaction(AccountVerbs, QueueVerbs):
+    """The verbs of the store, bound to the connection of an open transaction."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self.connection = connection
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Undo what the block wrote if it raises, and keep what came before it."""
+        self.connection.execute("SAVEPOINT block")
+        try:
+            yield
+        except BaseException:
+            self.connection.execute("ROLLBACK TO block")
+            raise
+        finally:
+            self.connection.execute("RELEASE block")

@@ -1,0 +1,123 @@
+"""Fixtures: the real app on a temporary SQLite file, a moving clock, accounts, and an SMTP sink."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from werkzeug.http import HTTP_STATUS_CODES
+from werkzeug.test import Client
+
+from mailsvc import accounts, create_app
+from mailsvc.app import MailService
+
+from .smtp_sink import SmtpSink
+
+VERIFIED = "verified.test"
+
+
+class Clock:
+    """Wall-clock time that a test can move forward."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+@dataclass
+class Tenant:
+    id: str
+    key: str
+    key_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> dict[str, Any]:
+    """Settings of the app under test; a test may change them before using ``app``."""
+    return {
+        "database": str(tmp_path / "mailsvc.sqlite3"),
+        "outbox": str(tmp_path / "outbox"),
+        "delivery_threads": 2,
+        "poll_seconds": 0.2,
+    }
+
+
+@pytest.fixture
+def app(config: dict[str, Any], clock: Clock) -> Iterator[MailService]:
+    service = create_app(config, clock=clock)
+    yield service
+    service.stop(graceful=True, timeout=5)
+
+
+@pytest.fixture
+def client(app: MailService) -> Client:
+    return Client(app)
+
+
+def make_tenant(app: MailService, credits: int = 1000, domain: str | None = VERIFIED,
+                scope: str = "full") -> Tenant:
+    account = accounts.create_account(app.db, "Tenant", credits)
+    key = accounts.create_key(app.db, account["id"], scope)
+    if domain:
+        accounts.add_domain(app.db, account["id"], domain, verified=True)
+    return Tenant(account["id"], key["key"], key["id"])
+
+
+@pytest.fixture
+def tenant(app: MailService) -> Tenant:
+    return make_tenant(app)
+
+
+@pytest.fixture
+def sink() -> Iterator[SmtpSink]:
+    server = SmtpSink().start()
+    yield server
+    server.stop()
+
+
+def email_body(**fields: Any) -> dict[str, Any]:
+    """A valid send request; keyword arguments replace or add fields (None removes one)."""
+    body: dict[str, Any] = {
+        "from": f"Acme <hello@{VERIFIED}>",
+        "to": "alice@example.org",
+        "subject": "Your receipt",
+        "text": "Thanks for your order.",
+    }
+    for name, value in fields.items():
+        name = {"from_": "from", "reply_to": "replyTo", "template_id": "templateId"}.get(name, name)
+        if value is None:
+            body.pop(name, None)
+        else:
+            body[name] = value
+    return body
+
+
+def assert_error(response: Any, status: int, *fragments: str) -> dict[str, Any]:
+    """The response is the spec's JSON error with this status, its message containing each fragment."""
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.mimetype == "application/json"
+    body = response.get_json()
+    assert set(body) == {"statusCode", "message", "error"}
+    assert body["statusCode"] == status
+    assert body["error"] == HTTP_STATUS_CODES[status]
+    for fragment in fragments:
+        assert fragment in body["message"], body["message"]
+    return body

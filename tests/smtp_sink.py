@@ -1,0 +1,209 @@
+"""A small SMTP server for the tests, on loopback, that can be told how to answer.
+
+Per recipient it can accept or answer any code at RCPT; per message it can answer any code
+after DATA or drop the connection instead of answering; it can delay every reply. It logs every
+message it accepted, with its Message-ID, and counts connections.
+"""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.message import Message
+from email.policy import default as default_policy
+
+Reply = tuple[int, str]
+
+
+@dataclass
+class Received:
+    mail_from: str
+    recipients: list[str]
+    data: bytes
+    connection: int
+
+    @property
+    def message(self) -> Message:
+        return message_from_bytes(self.data, policy=default_policy)
+
+    @property
+    def message_id(self) -> str | None:
+        value = self.message["Message-ID"]
+        return str(value) if value is not None else None
+
+
+@dataclass
+class Behaviour:
+    """How the sink answers; change it at any time from the test."""
+
+    rcpt_replies: dict[str, Reply] = field(default_factory=dict)
+    #: Called with the message after DATA; returns the reply, or None for 250.
+    data_reply: Callable[[bytes], Reply | None] = lambda data: None
+    #: Close the connection after the message instead of answering (the reply is lost).
+    drop_after_data: bool = False
+    delay_seconds: float = 0.0
+    smtputf8: bool = True
+
+
+class SmtpSink:
+    def __init__(self) -> None:
+        self.behaviour = Behaviour()
+        self.messages: list[Received] = []
+        self.dropped: list[Received] = []
+        self.connections = 0
+        self._lock = threading.Condition()
+        self._open: set[socket.socket] = set()
+        sink = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                sink._serve(self)
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        return f"smtp://127.0.0.1:{self.port}"
+
+    def start(self) -> SmtpSink:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        with self._lock:
+            for connection in list(self._open):
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> list[Received]:
+        """Wait until at least ``count`` messages were accepted; return them all."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while len(self.messages) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"sink received {len(self.messages)} messages, expected {count}"
+                    )
+                self._lock.wait(left)
+            return list(self.messages)
+
+    def _serve(self, handler: socketserver.StreamRequestHandler) -> None:
+        with self._lock:
+            self.connections += 1
+            number = self.connections
+            self._open.add(handler.connection)
+        try:
+            _Session(self, handler, number).run()
+        finally:
+            with self._lock:
+                self._open.discard(handler.connection)
+
+    def _log(self, received: Received, accepted: bool) -> None:
+        with self._lock:
+            (self.messages if accepted else self.dropped).append(received)
+            self._lock.notify_all()
+
+
+class _Session:
+    def __init__(self, sink: SmtpSink, handler: socketserver.StreamRequestHandler, number: int):
+        self.sink = sink
+        self.rfile = handler.rfile
+        self.wfile = handler.wfile
+        self.number = number
+        self.mail_from: str | None = None
+        self.recipients: list[str] = []
+
+    def reply(self, code: int, text: str) -> None:
+        if self.sink.behaviour.delay_seconds:
+            time.sleep(self.sink.behaviour.delay_seconds)
+        lines = text.split("\n")
+        out = "".join(
+            f"{code}{'-' if i < len(lines) - 1 else ' '}{line}\r\n" for i, line in enumerate(lines)
+        )
+        self.wfile.write(out.encode("utf-8"))
+        self.wfile.flush()
+
+    def run(self) -> None:
+        self.reply(220, "sink.test ESMTP test sink")
+        while True:
+            line = self.rfile.readline(65536)
+            if not line:
+                return
+            command, _, argument = line.decode("utf-8", "replace").rstrip("\r\n").partition(" ")
+            verb = command.upper()
+            if verb == "EHLO":
+                features = ["sink.test", "8BITMIME", "SIZE 10485760"]
+                if self.sink.behaviour.smtputf8:
+                    features.append("SMTPUTF8")
+                self.reply(250, "\n".join(features))
+            elif verb == "HELO":
+                self.reply(250, "sink.test")
+            elif verb == "MAIL":
+                self.mail_from = _angle(argument)
+                self.recipients = []
+                self.reply(250, "2.1.0 ok")
+            elif verb == "RCPT":
+                address = _angle(argument)
+                code, text = self.sink.behaviour.rcpt_replies.get(address, (250, "2.1.5 ok"))
+                if code == 250:
+                    self.recipients.append(address)
+                self.reply(code, text)
+            elif verb == "DATA":
+                if not self.recipients:
+                    self.reply(503, "5.5.1 no valid recipients")
+                    continue
+                self.reply(354, "end data with <CR><LF>.<CR><LF>")
+                if not self._data():
+                    return
+            elif verb == "RSET":
+                self.mail_from, self.recipients = None, []
+                self.reply(250, "2.0.0 ok")
+            elif verb == "NOOP":
+                self.reply(250, "2.0.0 ok")
+            elif verb == "QUIT":
+                self.reply(221, "2.0.0 bye")
+                return
+            else:
+                self.reply(500, "5.5.2 command not recognised")
+
+    def _data(self) -> bool:
+        """Read one message; False when the connection ends."""
+        lines = []
+        while True:
+            line = self.rfile.readline(65536)
+            if not line:
+                return False
+            if line == b".\r\n":
+                break
+            lines.append(line[1:] if line.startswith(b".") else line)
+        received = Received(self.mail_from or "", list(self.recipients), b"".join(lines), self.number)
+        behaviour = self.sink.behaviour
+        if behaviour.drop_after_data:
+            self.sink._log(received, accepted=False)
+            return False
+        code, text = behaviour.data_reply(received.data) or (250, "2.0.0 queued")
+        self.sink._log(received, accepted=200 <= code < 300)
+        self.reply(code, text)
+        self.mail_from, self.recipients = None, []
+        return True
+
+
+def _angle(argument: str) -> str:
+    start, end = argument.find("<"), argument.find(">")
+    return argument[start + 1 : end] if 0 <= start < end else argument.split(":", 1)[-1].strip()
