@@ -81,7 +81,7 @@ def parse_mailbox(value: str, field: str) -> Mailbox:
 
 
 def normalise_domain(domain: str, field: str) -> str:
-    """The lower-case A-label form of a domain name (``Bücher.Example`` -> ``xn--bcher-kva.example``).
+    """The lower-case A-label form of a domain (``Bücher.Example`` -> ``xn--bcher-kva.example``).
 
     :raises ValidationFailed: not a valid domain name of at least two labels.
     """

@@ -95,7 +95,9 @@ class MailService:
         """Stop delivery; when graceful, let the SMTP transactions in flight finish first."""
         self.delivery.stop(graceful=graceful, timeout=timeout)
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         request = Request(environ)
         request.max_content_length = self.settings.max_body_bytes
         try:
@@ -105,12 +107,15 @@ class MailService:
         return response(environ, start_response)
 
     def dispatch(self, request: Request) -> Response:
-        endpoint, url_args = URL_MAP.bind_to_environ(request.environ).match()
+        endpoint, matched = URL_MAP.bind_to_environ(request.environ).match()
+        url_args = dict(matched)
         body = self._read_body(request, endpoint)
         refusal: Exception | None = None
         with self.db.transaction() as tx:
             principal = authenticate(request.headers.get("Authorization"), tx)
-            self.limiter.consume(tx, principal.account_id, endpoint.rate_group, self.services.clock())
+            self.limiter.consume(
+                tx, principal.account_id, endpoint.rate_group, self.services.clock()
+            )
             try:
                 with tx.savepoint():
                     if isinstance(body, Exception):
@@ -170,7 +175,9 @@ def _refuse_constant(name: str) -> None:
     raise ValidationFailed(f"body: {name} is not valid JSON")
 
 
-def create_app(config: dict[str, Any] | None = None, *, clock: Callable[[], float] | None = None) -> MailService:
+def create_app(
+    config: dict[str, Any] | None = None, *, clock: Callable[[], float] | None = None
+) -> MailService:
     """Build the service. Opens no database and starts no thread until it is used or started.
 
     :param config: settings by name; they override ``MAILSVC_*`` environment variables.

@@ -60,8 +60,10 @@ def authenticate(authorization: str | None, tx: Transaction) -> Principal:
     if scheme.lower() != "bearer" or match is None:
         raise NotAuthenticated("Authorization: malformed; expected 'Bearer <API key>'")
     key = tx.get_api_key("key_" + match.group(1))
-    if key is None or key.revoked or not hmac.compare_digest(
-        key.secret_hash, _hash(match.group(2))
+    if (
+        key is None
+        or key.revoked
+        or not hmac.compare_digest(key.secret_hash, _hash(match.group(2)))
     ):
         raise NotAuthenticated("Authorization: unknown or revoked API key")
     return Principal(key.account_id, key.id, key.scope)

@@ -31,41 +31,61 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     noun = nouns.add_parser("accounts", help="accounts").add_subparsers(dest="verb", required=True)
-    sub = command(noun, "create", lambda db, a: accounts.create_account(db, a.name, a.credits),
-                  "create an account")
+    sub = command(
+        noun,
+        "create",
+        lambda db, a: accounts.create_account(db, a.name, a.credits),
+        "create an account",
+    )
     sub.add_argument("--name", required=True)
     sub.add_argument("--credits", type=int, default=0)
 
     noun = nouns.add_parser("credits", help="credit").add_subparsers(dest="verb", required=True)
-    sub = command(noun, "add", lambda db, a: accounts.add_credits(db, a.account, a.amount),
-                  "add credit to an account (negative to remove)")
+    sub = command(
+        noun,
+        "add",
+        lambda db, a: accounts.add_credits(db, a.account, a.amount),
+        "add credit to an account (negative to remove)",
+    )
     sub.add_argument("--account", required=True)
     sub.add_argument("--amount", type=int, required=True)
 
     noun = nouns.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
-    sub = command(noun, "create", lambda db, a: accounts.create_key(db, a.account, a.scope),
-                  "create an API key (shown once)")
+    sub = command(
+        noun,
+        "create",
+        lambda db, a: accounts.create_key(db, a.account, a.scope),
+        "create an API key (shown once)",
+    )
     sub.add_argument("--account", required=True)
     sub.add_argument("--scope", choices=("full", "sending"), default="full")
-    sub = command(noun, "revoke", lambda db, a: accounts.revoke_key(db, a.key_id),
-                  "revoke an API key")
+    sub = command(
+        noun, "revoke", lambda db, a: accounts.revoke_key(db, a.key_id), "revoke an API key"
+    )
     sub.add_argument("key_id", metavar="KEY_ID")
 
     noun = nouns.add_parser("domains", help="sender domains").add_subparsers(
         dest="verb", required=True
     )
     sub = command(
-        noun, "add", lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified),
+        noun,
+        "add",
+        lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified),
         "add a sender domain to an account",
     )
     sub.add_argument("--account", required=True)
-    sub.add_argument("--verified", action="store_true",
-                     help="mark it verified now (operator override of the DNS check)")
+    sub.add_argument(
+        "--verified",
+        action="store_true",
+        help="mark it verified now (operator override of the DNS check)",
+    )
     sub.add_argument("domain", metavar="DOMAIN")
 
     noun = nouns.add_parser("limits", help="rate limits").add_subparsers(dest="verb", required=True)
     sub = command(
-        noun, "set", lambda db, a: accounts.set_limit(db, a.account, a.group, a.per_minute),
+        noun,
+        "set",
+        lambda db, a: accounts.set_limit(db, a.account, a.group, a.per_minute),
         "set an account's own rate limit for a route group",
     )
     sub.add_argument("--account", required=True)

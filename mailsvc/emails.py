@@ -15,8 +15,8 @@ from .addresses import Mailbox, parse_address, parse_mailbox
 from .auth import Principal
 from .errors import DomainNotVerified, InsufficientCredit, NotFound, ValidationFailed
 from .ids import new_id
-from .store import EmailRecord, NewEmail, Transaction
 from .services import Services
+from .store import EmailRecord, NewEmail, Transaction
 
 
 @dataclass(frozen=True)

@@ -89,9 +89,7 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
-    Setting(
-        "credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int
-    ),
+    Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
     Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),
     Setting("rate_other_per_minute", 60, "Rate limit of every other endpoint.", _positive_int),
@@ -125,10 +123,9 @@ def load_settings(
         if setting.env_name in environ:
             resolved[setting.name] = _parse(setting, environ[setting.env_name], setting.env_name)
     for name, value in (overrides or {}).items():
-        setting = _BY_NAME.get(name)
-        if setting is None:
+        if name not in _BY_NAME:
             raise SettingsError(f"unknown setting {name!r}")
-        resolved[name] = _parse(setting, value, name) if isinstance(value, str) else value
+        resolved[name] = _parse(_BY_NAME[name], value, name) if isinstance(value, str) else value
     return resolved
 
 

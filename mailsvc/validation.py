@@ -45,7 +45,9 @@ class Schemas:
         """
         errors = list(self._validators[name].iter_errors(instance))
         if errors:
-            raise ValidationFailed("; ".join(_unique(describe(error) for error in _ordered(errors))))
+            raise ValidationFailed(
+                "; ".join(_unique(describe(error) for error in _ordered(errors)))
+            )
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:

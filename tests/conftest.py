@@ -72,8 +72,9 @@ def client(app: MailService) -> Client:
     return Client(app)
 
 
-def make_tenant(app: MailService, credits: int = 1000, domain: str | None = VERIFIED,
-                scope: str = "full") -> Tenant:
+def make_tenant(
+    app: MailService, credits: int = 1000, domain: str | None = VERIFIED, scope: str = "full"
+) -> Tenant:
     account = accounts.create_account(app.db, "Tenant", credits)
     key = accounts.create_key(app.db, account["id"], scope)
     if domain:
@@ -111,7 +112,7 @@ def email_body(**fields: Any) -> dict[str, Any]:
 
 
 def assert_error(response: Any, status: int, *fragments: str) -> dict[str, Any]:
-    """The response is the spec's JSON error with this status, its message containing each fragment."""
+    """The response is the spec's JSON error with this status; its message has each fragment."""
     assert response.status_code == status, response.get_data(as_text=True)
     assert response.mimetype == "application/json"
     body = response.get_json()

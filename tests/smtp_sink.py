@@ -66,7 +66,9 @@ class SmtpSink:
 
         self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
 
     @property
     def port(self) -> int:
@@ -192,7 +194,9 @@ class _Session:
             if line == b".\r\n":
                 break
             lines.append(line[1:] if line.startswith(b".") else line)
-        received = Received(self.mail_from or "", list(self.recipients), b"".join(lines), self.number)
+        received = Received(
+            self.mail_from or "", list(self.recipients), b"".join(lines), self.number
+        )
         behaviour = self.sink.behaviour
         if behaviour.drop_after_data:
             self.sink._log(received, accepted=False)

@@ -21,7 +21,9 @@ def test_accepted_email_is_queued_and_committed(client, tenant, config):
     assert body["status"] == "queued"
     # Committed before the answer: another connection sees it at once.
     with sqlite3.connect(config["database"]) as other:
-        row = other.execute("SELECT status, subject FROM emails WHERE id = ?", (body["id"],)).fetchone()
+        row = other.execute(
+            "SELECT status, subject FROM emails WHERE id = ?", (body["id"],)
+        ).fetchone()
         assert row == ("queued", "Your receipt")
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -41,14 +43,21 @@ def test_ids_are_random_and_unique(client, tenant):
 
 @pytest.mark.parametrize(
     "sender",
-    [f"hello@{VERIFIED}", f"Acme Support <hello@{VERIFIED}>", f'"Acme, Inc." <hello@{VERIFIED}>',
-     f"Zoë Ünicode <hello@{VERIFIED}>", f"hello@{VERIFIED.upper()}"],
+    [
+        f"hello@{VERIFIED}",
+        f"Acme Support <hello@{VERIFIED}>",
+        f'"Acme, Inc." <hello@{VERIFIED}>',
+        f"Zoë Ünicode <hello@{VERIFIED}>",
+        f"hello@{VERIFIED.upper()}",
+    ],
 )
 def test_sender_forms(client, tenant, sender):
     assert send(client, tenant, email_body(from_=sender)).status_code == 200
 
 
-@pytest.mark.parametrize("to", ["bob@example.org", ["bob@example.org"], [f"u{i}@example.org" for i in range(50)]])
+@pytest.mark.parametrize(
+    "to", ["bob@example.org", ["bob@example.org"], [f"u{i}@example.org" for i in range(50)]]
+)
 def test_recipient_forms(client, tenant, to):
     assert send(client, tenant, email_body(to=to)).status_code == 200
 
@@ -111,9 +120,15 @@ def test_rejected_request_changes_nothing(client, tenant, app):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("subject", "Hi\r\nBcc: victim@evil.test"), ("subject", "Hi\nX: y"), ("subject", "a\x00b"),
-     ("from", f"hello@{VERIFIED}\r\nBcc: victim@evil.test"), ("replyTo", "a@example.org\nBcc: x@y.org"),
-     ("to", "a@example.org\r\nBcc: x@y.org"), ("to", ["a@example.org\r"])],
+    [
+        ("subject", "Hi\r\nBcc: victim@evil.test"),
+        ("subject", "Hi\nX: y"),
+        ("subject", "a\x00b"),
+        ("from", f"hello@{VERIFIED}\r\nBcc: victim@evil.test"),
+        ("replyTo", "a@example.org\nBcc: x@y.org"),
+        ("to", "a@example.org\r\nBcc: x@y.org"),
+        ("to", ["a@example.org\r"]),
+    ],
 )
 def test_cr_lf_nul_in_headers_are_refused(client, tenant, field, value):
     body = email_body()
@@ -123,9 +138,14 @@ def test_cr_lf_nul_in_headers_are_refused(client, tenant, field, value):
 
 @pytest.mark.parametrize(
     "sender",
-    [f"alice@{VERIFIED}(<bob@evil.test>", f"alice@{VERIFIED} <bob@evil.test>",
-     f"<alice@{VERIFIED}>, <bob@evil.test>", f"Alice <alice@{VERIFIED}> bob@evil.test",
-     f"alice@{VERIFIED}>", "Alice <>"],
+    [
+        f"alice@{VERIFIED}(<bob@evil.test>",
+        f"alice@{VERIFIED} <bob@evil.test>",
+        f"<alice@{VERIFIED}>, <bob@evil.test>",
+        f"Alice <alice@{VERIFIED}> bob@evil.test",
+        f"alice@{VERIFIED}>",
+        "Alice <>",
+    ],
 )
 def test_ambiguous_senders_are_refused(client, tenant, sender, app):
     assert_error(send(client, tenant, email_body(from_=sender)), 400, "from:")
@@ -149,8 +169,11 @@ def test_unknown_template_is_refused(client, tenant):
 
 def test_unverified_domains_are_refused(client, tenant, app):
     other = make_tenant(app, domain="other.test")
-    assert_error(send(client, tenant, email_body(from_="x@unknown.test")), 400,
-                 "from: sender domain unknown.test is not verified")
+    assert_error(
+        send(client, tenant, email_body(from_="x@unknown.test")),
+        400,
+        "from: sender domain unknown.test is not verified",
+    )
     # verified, but by another account
     assert_error(send(client, tenant, email_body(from_="x@other.test")), 400, "not verified")
     assert send(client, other, email_body(from_="x@other.test")).status_code == 200

@@ -99,7 +99,9 @@ class SmtpRelay:
     def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
         reused = self._connection is not None
         replies = self._transaction(sender, recipients, message)
-        if reused and all(reply.code is None and reply.text.startswith("MAIL FROM") for reply in replies):
+        if reused and all(
+            reply.code is None and reply.text.startswith("MAIL FROM") for reply in replies
+        ):
             # The relay closed the kept connection while it was idle; nothing was sent yet.
             replies = self._transaction(sender, recipients, message)
         return replies
@@ -134,8 +136,10 @@ class SmtpRelay:
         except (OSError, smtplib.SMTPException) as exc:
             self._drop()
             failure = Reply(None, f"{phase}: {_describe(exc)}")
-            return [failure if r is None or phase == "DATA" and r.code in (250, 251) else r
-                    for r in replies]
+            return [
+                failure if r is None or phase == "DATA" and r.code in (250, 251) else r
+                for r in replies
+            ]
         self._last_used = time.monotonic()
         return [reply for reply in replies if reply is not None]
 
@@ -148,7 +152,10 @@ class SmtpRelay:
             self._drop()
 
     def _ready_connection(self) -> smtplib.SMTP:
-        if self._connection is not None and time.monotonic() - self._last_used > _IDLE_CHECK_SECONDS:
+        if (
+            self._connection is not None
+            and time.monotonic() - self._last_used > _IDLE_CHECK_SECONDS
+        ):
             try:
                 if self._connection.noop()[0] != 250:
                     self._drop()

@@ -98,8 +98,11 @@ class Database:
 def _migrate(connection: sqlite3.Connection, lock_fd: int) -> None:
     """Apply the migrations this file has not seen yet, in order, each in its own transaction."""
     scripts = sorted(
-        (entry for entry in resources.files("mailsvc.store").joinpath("migrations").iterdir()
-         if entry.name.endswith(".sql")),
+        (
+            entry
+            for entry in resources.files("mailsvc.store").joinpath("migrations").iterdir()
+            if entry.name.endswith(".sql")
+        ),
         key=lambda entry: entry.name,
     )
     fcntl.flock(lock_fd, fcntl.LOCK_EX)

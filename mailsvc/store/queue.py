@@ -28,9 +28,19 @@ class QueueVerbs:
             "subject, html, text, template_id, variables, message_id, created_at, due_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                email.id, email.account_id, statuses.QUEUED, email.sender_name,
-                email.sender_address, email.reply_to, email.subject, email.html, email.text,
-                email.template_id, email.variables, email.message_id, email.created_at,
+                email.id,
+                email.account_id,
+                statuses.QUEUED,
+                email.sender_name,
+                email.sender_address,
+                email.reply_to,
+                email.subject,
+                email.html,
+                email.text,
+                email.template_id,
+                email.variables,
+                email.message_id,
+                email.created_at,
                 email.created_at,
             ),
         )
@@ -119,4 +129,7 @@ class QueueVerbs:
             [row[0] for row in rows],
         ):
             by_email[recipient[0]].append(Recipient(*recipient[1:]))
-        return [EmailRecord(*row, recipients=tuple(by_email[row[0]])) for row in rows]
+        return [
+            EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
+            for row in rows
+        ]

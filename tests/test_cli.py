@@ -1,0 +1,115 @@
+"""The operator CLI, run as a real process on the service's settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app
+
+from .conftest import email_body
+
+
+@pytest.fixture
+def cli(tmp_path):
+    env = {**os.environ, "MAILSVC_DATABASE": str(tmp_path / "cli.sqlite3")}
+
+    def run(*args, ok=True):
+        result = subprocess.run(
+            [sys.executable, "-m", "mailsvc", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if ok:
+            assert result.returncode == 0, result.stderr
+            assert result.stderr == ""
+            return json.loads(result.stdout)
+        assert result.returncode != 0
+        assert result.stdout == ""
+        return result.stderr
+
+    run.database = env["MAILSVC_DATABASE"]
+    return run
+
+
+def test_the_whole_operator_contract(cli):
+    account = cli("accounts", "create", "--name", "Acme", "--credits", "5")
+    assert (
+        set(account) == {"id", "name", "credits"}
+        and account["name"] == "Acme"
+        and account["credits"] == 5
+    )
+    assert cli("credits", "add", "--account", account["id"], "--amount", "10") == {
+        "account": account["id"],
+        "credits": 15,
+    }
+    key = cli("keys", "create", "--account", account["id"], "--scope", "sending")
+    assert set(key) == {"id", "key", "scope"} and key["scope"] == "sending"
+    assert cli("keys", "create", "--account", account["id"])["scope"] == "full"
+    assert cli("domains", "add", "--account", account["id"], "--verified", "Acme.Example") == {
+        "domain": "acme.example",
+        "verified": True,
+    }
+    assert cli(
+        "limits", "set", "--account", account["id"], "--group", "send", "--per-minute", "7"
+    ) == {"account": account["id"], "group": "send", "perMinute": 7}
+
+    # What the CLI made is what the service uses.
+    app = create_app({"database": cli.database})
+    client = Client(app)
+    headers = {"Authorization": f"Bearer {key['key']}"}
+    body = email_body(from_="a@acme.example")
+    assert client.post("/v1/emails", json=body, headers=headers).status_code == 200
+    assert cli("keys", "revoke", key["id"]) == {"id": key["id"], "revoked": True}
+    assert client.post("/v1/emails", json=body, headers=headers).status_code == 401
+
+
+def test_domain_added_without_verified_is_pending(cli):
+    account = cli("accounts", "create", "--name", "Acme")
+    assert cli("domains", "add", "--account", account["id"], "pending.example") == {
+        "domain": "pending.example",
+        "verified": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("credits", "add", "--account", "acc_missing", "--amount", "1"),
+            "account acc_missing: not found",
+        ),
+        (("keys", "create", "--account", "acc_missing"), "not found"),
+        (("keys", "revoke", "key_missing"), "key key_missing: not found"),
+        (
+            ("limits", "set", "--account", "acc_missing", "--group", "send", "--per-minute", "5"),
+            "not found",
+        ),
+        (("accounts", "create", "--name", " "), "--name: must not be empty"),
+        (("accounts", "create", "--name", "x", "--credits", "-1"), "--credits"),
+        (("keys", "create", "--account", "a", "--scope", "root"), "invalid choice"),
+        (("accounts", "frobnicate"), "invalid choice"),
+    ],
+)
+def test_errors_go_to_stderr_with_a_non_zero_exit(cli, args, message):
+    assert message in cli(*args, ok=False)
+
+
+def test_a_domain_verified_by_one_account_cannot_be_verified_by_another(cli):
+    first = cli("accounts", "create", "--name", "First")["id"]
+    second = cli("accounts", "create", "--name", "Second")["id"]
+    cli("domains", "add", "--account", first, "--verified", "taken.example")
+    error = cli("domains", "add", "--account", second, "--verified", "taken.example", ok=False)
+    assert "already verified by another account" in error
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(["mailsvc", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "accounts" in result.stdout

@@ -1,0 +1,211 @@
+"""Delivery: threads claim queued mail with a lease and hand it to the relay or the Maildir."""
+
+from __future__ import annotations
+
+import mailbox
+import time
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app
+from mailsvc.delivery.message import build_message
+
+from .conftest import VERIFIED, email_body, make_tenant
+
+
+@pytest.fixture
+def relayed(config, clock, sink):
+    config["smtp_url"] = sink.url
+    app = create_app(config, clock=clock)
+    yield app
+    app.stop(timeout=5)
+
+
+def wait_status(client, tenant, email_id, wanted, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        shown = client.get(f"/v1/emails/{email_id}", headers=tenant.headers).get_json()
+        if shown["status"] == wanted or time.monotonic() > deadline:
+            assert shown["status"] == wanted, shown
+            return shown
+        time.sleep(0.02)
+
+
+def post(client, tenant, **fields):
+    response = client.post("/v1/emails", json=email_body(**fields), headers=tenant.headers)
+    assert response.status_code == 200, response.get_json()
+    return response.get_json()["id"]
+
+
+def test_email_is_sent_through_the_relay(relayed, sink):
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    email_id = post(
+        client,
+        tenant,
+        to=["a@example.org", "b@example.org"],
+        html="<p>Thanks</p>",
+        reply_to="support@example.org",
+    )
+    [received] = sink.wait_for(1)
+    assert received.mail_from == f"hello@{VERIFIED}"
+    assert received.recipients == ["a@example.org", "b@example.org"]
+    message = received.message
+    assert message.get_content_type() == "multipart/alternative"
+    plain, html = message.get_payload()
+    assert plain.get_content_type() == "text/plain" and plain.get_content_charset() == "utf-8"
+    assert plain.get_content().strip() == "Thanks for your order."
+    assert html.get_content_type() == "text/html" and html.get_content().strip() == "<p>Thanks</p>"
+    assert message["Reply-To"] == "support@example.org"
+    assert message["From"] == f"Acme <hello@{VERIFIED}>"
+    assert message["Message-ID"] == f"<{email_id}@{VERIFIED}>"
+    assert message["Date"] is not None
+    shown = wait_status(client, tenant, email_id, "sent")
+    assert shown["sentAt"] is not None and shown["lastError"] is None and shown["attempts"] == 1
+    assert [r["status"] for r in shown["recipients"]] == ["sent", "sent"]
+    assert shown["recipients"][0]["smtpCode"] == 250
+    assert shown["recipients"][0]["enhancedCode"] == "2.0.0"
+
+
+def test_text_only_and_html_only_bodies(relayed, sink):
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    post(client, tenant, subject="plain")
+    post(client, tenant, subject="html", text=None, html="<b>hi</b>")
+    received = {m.message["Subject"]: m.message for m in sink.wait_for(2)}
+    assert received["plain"].get_content_type() == "text/plain"
+    assert received["html"].get_content_type() == "text/html"
+
+
+def test_non_ascii_subject_and_name_are_encoded(relayed, sink):
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    post(client, tenant, from_=f"Zoë Café <hello@{VERIFIED}>", subject="Reçu n° 42 ✓", text="Grüße")
+    [received] = sink.wait_for(1)
+    head = received.data.split(b"\r\n\r\n", 1)[0]
+    assert head.isascii(), "headers are RFC 2047 encoded for a relay"
+    assert b"=?utf-8?" in head.lower()
+    assert received.message["Subject"] == "Reçu n° 42 ✓"
+    assert str(received.message["From"]) == f"Zoë Café <hello@{VERIFIED}>"
+    assert received.message.get_content().strip() == "Grüße"
+
+
+def test_message_id_and_date_are_stable_across_builds(relayed):
+    tenant, client = make_tenant(relayed), Client(relayed)
+    email_id = post(client, tenant)
+    with relayed.db.transaction() as tx:
+        record = tx.get_email(tenant.id, email_id)
+    first, second = build_message(record), build_message(record)
+    header = lambda raw, name: [x for x in raw.split(b"\r\n") if x.startswith(name)]  # noqa: E731
+    assert (
+        header(first, b"Message-ID:")
+        == header(second, b"Message-ID:")
+        == [f"Message-ID: <{email_id}@{VERIFIED}>".encode()]
+    )
+    assert header(first, b"Date:") == header(second, b"Date:")
+
+
+def test_refused_recipient_fails_with_the_relay_reply(relayed, sink):
+    sink.behaviour.rcpt_replies["nobody@example.org"] = (550, "5.1.1 no such user")
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    email_id = post(client, tenant, to="nobody@example.org")
+    shown = wait_status(client, tenant, email_id, "failed")
+    assert "550" in shown["lastError"] and "no such user" in shown["lastError"]
+    assert shown["recipients"][0] == {
+        "address": "nobody@example.org",
+        "status": "failed",
+        "smtpCode": 550,
+        "enhancedCode": "5.1.1",
+        "reply": "5.1.1 no such user",
+    }
+    assert sink.messages == []
+
+
+def test_message_refused_after_data_fails(relayed, sink):
+    sink.behaviour.data_reply = lambda data: (554, "5.7.1 rejected as spam")
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    email_id = post(client, tenant)
+    shown = wait_status(client, tenant, email_id, "failed")
+    assert "554" in shown["lastError"] and "rejected as spam" in shown["lastError"]
+
+
+def test_status_is_sending_while_the_relay_works(relayed, sink):
+    sink.behaviour.delay_seconds = 0.3
+    tenant, client = make_tenant(relayed), Client(relayed)
+    relayed.start()
+    email_id = post(client, tenant)
+    wait_status(client, tenant, email_id, "sending", timeout=2)
+    wait_status(client, tenant, email_id, "sent")
+
+
+def test_new_email_wakes_delivery_at_once(config, clock, sink):
+    config.update(smtp_url=sink.url, poll_seconds=30)
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    app.start()
+    try:
+        time.sleep(0.2)  # the threads found nothing and sleep for 30 s
+        started = time.monotonic()
+        post(client, tenant)
+        sink.wait_for(1, timeout=5)
+        assert time.monotonic() - started < 1.0
+    finally:
+        app.stop(timeout=5)
+
+
+def test_connection_is_reused_between_messages(config, clock, sink):
+    config.update(smtp_url=sink.url, delivery_threads=1)
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    app.start()
+    try:
+        for number in range(5):
+            post(client, tenant, subject=f"m{number}")
+            sink.wait_for(number + 1)
+        assert sink.connections == 1
+    finally:
+        app.stop(timeout=5)
+
+
+def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):
+    config["smtp_url"] = sink.url
+    accepting = create_app(config, clock=clock)  # never started: like a worker without delivery
+    delivering = create_app(config, clock=clock)
+    tenant = make_tenant(accepting)
+    post(Client(accepting), tenant)
+    delivering.start()
+    try:
+        sink.wait_for(1, timeout=5)
+    finally:
+        delivering.stop(timeout=5)
+
+
+def test_lease_keeps_others_away_until_it_expires(relayed, clock):
+    tenant, client = make_tenant(relayed), Client(relayed)
+    email_id = post(client, tenant)
+    with relayed.db.transaction() as tx:
+        [claimed] = tx.claim_due("worker-a", clock(), lease_seconds=60)
+        assert claimed.id == email_id and claimed.status == "sending"
+    with relayed.db.transaction() as tx:
+        assert tx.claim_due("worker-b", clock(), lease_seconds=60) == []
+    clock.advance(61)  # worker-a died mid-send
+    with relayed.db.transaction() as tx:
+        [again] = tx.claim_due("worker-b", clock(), lease_seconds=60)
+        assert again.id == email_id and again.attempts == 2
+    with relayed.db.transaction() as tx:
+        assert not tx.finish_attempt(claimed.seq, "worker-a", "sent", [], clock(), None, None)
+        assert tx.finish_attempt(claimed.seq, "worker-b", "sent", [], clock(), None, None)
+
+
+def test_without_a_relay_mail_goes_to_the_maildir(app, config):
+    tenant, client = make_tenant(app), Client(app)
+    app.start()
+    email_id = post(client, tenant, to=["a@example.org", "b@example.org"])
+    shown = wait_status(client, tenant, email_id, "sent")
+    assert "Maildir" in shown["recipients"][0]["reply"]
+    [message] = list(mailbox.Maildir(config["outbox"]))
+    assert message["Message-ID"] == f"<{email_id}@{VERIFIED}>"
+    assert message.get_all("Delivered-To") == ["a@example.org", "b@example.org"]

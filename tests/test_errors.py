@@ -1,0 +1,108 @@
+"""One error format everywhere: every non-2xx answer is the spec's JSON body."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app
+
+from .conftest import assert_error, email_body
+
+
+def test_unknown_route_is_json_404(client):
+    assert_error(client.get("/nope"), 404, "no such route")
+    assert_error(client.post("/v1/emails/x/y", json={}), 404)
+
+
+def test_wrong_method_is_json_405_with_allow(client):
+    response = client.delete("/v1/emails")
+    assert_error(response, 405, "POST")
+    assert response.headers["Allow"] == "POST"
+    response = client.post("/v1/emails/em_x")
+    assert_error(response, 405)
+    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    ("data", "content_type", "status", "message"),
+    [
+        ("{bad", "application/json", 400, "body: malformed JSON"),
+        ("[1, 2]", "application/json", 400, "body: must be a JSON object"),
+        ('"text"', "application/json", 400, "body: must be a JSON object"),
+        ("", "application/json", 400, "body: must be a JSON object"),
+        ('{"a": NaN}', "application/json", 400, "NaN is not valid JSON"),
+        (b'{"subject": "\xff"}', "application/json", 400, "body: not valid UTF-8"),
+        ("{}", "text/plain", 415, "Content-Type: must be application/json"),
+        ("{}", None, 415, "Content-Type: must be application/json"),
+    ],
+)
+def test_body_errors(client, tenant, data, content_type, status, message):
+    headers = dict(tenant.headers)
+    if content_type:
+        headers["Content-Type"] = content_type
+    assert_error(client.post("/v1/emails", data=data, headers=headers), status, message)
+
+
+def test_json_with_charset_is_accepted(client, tenant):
+    import json
+
+    response = client.post(
+        "/v1/emails",
+        data=json.dumps(email_body()),
+        headers={**tenant.headers, "Content-Type": "application/json; charset=utf-8"},
+    )
+    assert response.status_code == 200
+
+
+def test_body_over_the_limit_is_413(config, clock, tenant, app):
+    config["max_body_bytes"] = 2000
+    small = Client(create_app(config, clock=clock))
+    body = email_body(text="x" * 3000)
+    assert_error(
+        small.post("/v1/emails", json=body, headers=tenant.headers),
+        413,
+        "body: larger than 2000 bytes",
+    )
+    assert small.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 200
+
+
+def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):
+    # The database path is a folder: SQLite cannot open it, a real internal failure.
+    broken = Client(create_app({"database": str(tmp_path), "outbox": str(tmp_path / "o")}))
+    with caplog.at_level(logging.ERROR, logger="mailsvc"):
+        response = broken.post(
+            "/v1/emails", json=email_body(), headers={"Authorization": "Bearer x"}
+        )
+    body = assert_error(response, 500)
+    assert "sqlite" not in body["message"].lower() and "Traceback" not in body["message"]
+    assert any(record.exc_info for record in caplog.records), "the traceback is logged"
+    assert "OperationalError" in caplog.text
+
+
+def test_every_error_path_has_the_same_shape(client, tenant, app):
+    """A walk over the error paths of the send route, like datasette's contract test."""
+    from mailsvc import accounts
+
+    sending = accounts.create_key(app.db, tenant.id, "sending")["key"]
+    cases = [
+        client.get("/"),
+        client.put("/v1/emails"),
+        client.post("/v1/emails", json=email_body()),
+        client.post("/v1/emails", json=email_body(), headers={"Authorization": "Bearer nope"}),
+        client.post("/v1/emails", json=email_body(subject="x" * 256), headers=tenant.headers),
+        client.post("/v1/emails", json=email_body(from_="x@nope.test"), headers=tenant.headers),
+        client.get("/v1/emails/em_missing", headers=tenant.headers),
+        client.get("/v1/emails/em_missing", headers={"Authorization": f"Bearer {sending}"}),
+    ]
+    statuses = []
+    for response in cases:
+        assert response.mimetype == "application/json"
+        body = response.get_json()
+        assert set(body) == {"statusCode", "message", "error"}
+        assert body["statusCode"] == response.status_code
+        assert body["message"] and "<" not in body["message"].replace("<API key>", "")
+        statuses.append(response.status_code)
+    assert statuses == [404, 405, 401, 401, 400, 400, 404, 403]

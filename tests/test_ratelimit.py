@@ -1,0 +1,130 @@
+"""Rate limits (SPEC section 8): token buckets per account and route group, in the store."""
+
+from __future__ import annotations
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import accounts, create_app
+from mailsvc.ratelimit import take_token
+
+from .conftest import assert_error, email_body, make_tenant
+
+
+def test_bucket_refills_continuously_up_to_capacity():
+    take = take_token(tokens=0.0, updated_at=0.0, now=30.0, per_minute=60)
+    assert take.allowed and take.tokens == pytest.approx(29.0)
+    take = take_token(tokens=0.0, updated_at=0.0, now=3600.0, per_minute=60)
+    assert take.tokens == pytest.approx(59.0)  # capped at 60, one taken
+    take = take_token(tokens=0.5, updated_at=10.0, now=10.0, per_minute=60)
+    assert not take.allowed and take.retry_after == pytest.approx(0.5)
+    take = take_token(tokens=5.0, updated_at=10.0, now=9.0, per_minute=60)  # clock behind
+    assert take.allowed and take.tokens == pytest.approx(4.0)
+
+
+@pytest.fixture
+def limited(config, clock):
+    config.update(rate_send_per_minute=5, rate_list_per_minute=3)
+    return create_app(config, clock=clock)
+
+
+def test_send_limit_gives_429_with_retry_after(limited, clock):
+    tenant = make_tenant(limited)
+    client = Client(limited)
+    for _ in range(5):
+        assert (
+            client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 200
+        )
+    response = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+    assert_error(response, 429, "5 requests per minute")
+    assert response.headers["Retry-After"] == "12"  # one token every 12 s
+    clock.advance(6)
+    assert (
+        client.post("/v1/emails", json=email_body(), headers=tenant.headers).headers["Retry-After"]
+        == "6"
+    )
+    clock.advance(6)
+    assert client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 200
+
+
+def test_retry_after_is_at_least_one_second(config, clock):
+    config["rate_send_per_minute"] = 6000
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    client = Client(app)
+    with app.db.transaction() as tx:
+        tx.save_bucket(tenant.id, "send", 0.0, clock() + 1)  # 10 ms to a token
+    response = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+    assert response.status_code == 429 and response.headers["Retry-After"] == "1"
+
+
+def test_groups_and_accounts_have_their_own_buckets(limited):
+    first, second = make_tenant(limited), make_tenant(limited, domain="second.test")
+    client = Client(limited)
+    for _ in range(5):
+        client.post("/v1/emails", json=email_body(), headers=first.headers)
+    assert client.post("/v1/emails", json=email_body(), headers=first.headers).status_code == 429
+    # the list group is separate
+    assert client.get("/v1/emails/em_x", headers=first.headers).status_code == 404
+    # another account is separate
+    body = email_body(from_="x@second.test")
+    assert client.post("/v1/emails", json=body, headers=second.headers).status_code == 200
+
+
+def test_get_email_counts_in_the_list_group(limited):
+    tenant = make_tenant(limited)
+    client = Client(limited)
+    assert [
+        client.get("/v1/emails/em_x", headers=tenant.headers).status_code for _ in range(4)
+    ] == [404, 404, 404, 429]
+
+
+def test_account_limit_overrides_the_default(limited):
+    tenant = make_tenant(limited)
+    accounts.set_limit(limited.db, tenant.id, "send", 2)
+    client = Client(limited)
+    codes = [
+        client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code
+        for _ in range(3)
+    ]
+    assert codes == [200, 200, 429]
+
+
+def test_every_authenticated_request_counts_but_unauthenticated_ones_do_not(limited):
+    tenant = make_tenant(limited)
+    client = Client(limited)
+    for _ in range(10):
+        assert client.post("/v1/emails", json=email_body()).status_code == 401
+    for _ in range(5):  # refused requests take tokens too
+        assert (
+            client.post(
+                "/v1/emails", json=email_body(subject="x" * 300), headers=tenant.headers
+            ).status_code
+            == 400
+        )
+    assert client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 429
+
+
+def test_check_order_401_429_400_403_400_402(limited, clock):
+    client = Client(limited)
+    tenant = make_tenant(limited, credits=0)
+    bad_body = email_body(subject="x" * 300, from_="x@unverified.test")
+    unverified = email_body(from_="x@unverified.test")
+    # 400 (body) before 400 (domain) before 402
+    assert_error(client.post("/v1/emails", json=bad_body, headers=tenant.headers), 400, "subject")
+    assert_error(
+        client.post("/v1/emails", json=unverified, headers=tenant.headers), 400, "not verified"
+    )
+    assert_error(client.post("/v1/emails", json=email_body(), headers=tenant.headers), 402)
+    for _ in range(2):
+        client.post("/v1/emails", json=bad_body, headers=tenant.headers)
+    # 429 before the body is looked at; 401 before anything
+    assert_error(client.post("/v1/emails", json=bad_body, headers=tenant.headers), 429)
+    assert_error(
+        client.post("/v1/emails", data="{bad", headers={"Content-Type": "application/json"}), 401
+    )
+    # 403 (scope) comes before the handler's own 404
+    sending = accounts.create_key(limited.db, tenant.id, "sending")["key"]
+    assert_error(
+        client.get("/v1/emails/em_missing", headers={"Authorization": f"Bearer {sending}"}), 403
+    )

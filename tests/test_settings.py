@@ -1,0 +1,63 @@
+"""Settings: defaults, then MAILSVC_* environment, then the caller's mapping; all documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from mailsvc.settings import SETTINGS, SettingsError, load_settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_defaults():
+    settings = load_settings(environ={})
+    assert settings.database == "./var/mailsvc.sqlite3"
+    assert settings.outbox == "./var/outbox"
+    assert settings.smtp_url == ""
+    assert settings.max_body_bytes == 1024 * 1024
+    assert (
+        settings.rate_send_per_minute,
+        settings.rate_list_per_minute,
+        settings.rate_other_per_minute,
+    ) == (100, 300, 60)
+    assert settings.sqlite_synchronous == "FULL"
+
+
+def test_environment_then_mapping():
+    environ = {
+        "MAILSVC_DATABASE": "/tmp/env.sqlite3",
+        "MAILSVC_DELIVERY_THREADS": "7",
+        "MAILSVC_SMTP_URL": "smtp://relay.test",
+    }
+    settings = load_settings({"database": "/tmp/mapping.sqlite3"}, environ=environ)
+    assert settings.database == "/tmp/mapping.sqlite3"
+    assert settings.delivery_threads == 7
+    assert settings.smtp_url == "smtp://relay.test"
+
+
+@pytest.mark.parametrize(
+    ("environ", "overrides", "message"),
+    [
+        ({"MAILSVC_DELIVERY_THREADS": "zero"}, {}, "MAILSVC_DELIVERY_THREADS"),
+        ({"MAILSVC_MAX_BODY_BYTES": "0"}, {}, "at least 1"),
+        ({}, {"sqlite_synchronous": "off"}, "sqlite_synchronous"),
+        ({}, {"no_such_setting": 1}, "unknown setting"),
+    ],
+)
+def test_bad_values_are_refused(environ, overrides, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings(overrides, environ=environ)
+
+
+def test_readme_documents_every_setting_with_its_default():
+    rows = re.findall(
+        r"^\| `(MAILSVC_[A-Z_]+)` \| (`[^`]*`|\(none\)) \| \S", README.read_text(), re.MULTILINE
+    )
+    documented = dict(rows)
+    assert set(documented) == {setting.env_name for setting in SETTINGS}
+    for setting in SETTINGS:
+        shown = f"`{setting.default}`" if setting.default != "" else "(none)"
+        assert documented[setting.env_name] == shown, setting.name
