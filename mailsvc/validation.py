@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -32,7 +34,7 @@ class Schemas:
 
     def __init__(self) -> None:
         self._validators: dict[str, Draft202012Validator] = {}
-        for entry in resources.files("mailsvc.schemas").iterdir():
+        for entry in _schema_folder().iterdir():
             if entry.name.endswith(".json"):
                 schema = json.loads(entry.read_text())
                 Draft202012Validator.check_schema(schema)
@@ -48,6 +50,19 @@ class Schemas:
             raise ValidationFailed(
                 "; ".join(_unique(describe(error) for error in _ordered(errors)))
             )
+
+
+def _schema_folder() -> Traversable:
+    """``mailsvc/schemas`` once installed; the top-level ``schemas/`` when run from a checkout.
+
+    Installation maps ``schemas/`` into the package. Run from a checkout (gunicorn puts the
+    working folder first on ``sys.path``), the source ``mailsvc/`` is imported instead and the
+    schemas stand beside it.
+    """
+    try:
+        return resources.files("mailsvc.schemas")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "schemas"
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:

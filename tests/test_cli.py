@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from werkzeug.test import Client
@@ -111,5 +112,6 @@ def test_a_domain_verified_by_one_account_cannot_be_verified_by_another(cli):
 
 
 def test_console_script_is_installed():
-    result = subprocess.run(["mailsvc", "--help"], capture_output=True, text=True, timeout=60)
+    script = Path(sys.executable).parent / "mailsvc"  # installed beside this interpreter
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "accounts" in result.stdout

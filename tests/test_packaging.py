@@ -1,0 +1,26 @@
+"""The built package carries its data: the request schemas and the SQL migrations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_contains_schemas_and_migrations(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("mailsvc-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    schemas = {path.name for path in (ROOT / "schemas").glob("*.json")}
+    assert schemas and {f"mailsvc/schemas/{name}" for name in schemas} <= names
+    migrations = {path.name for path in (ROOT / "mailsvc/store/migrations").glob("*.sql")}
+    assert migrations and {f"mailsvc/store/migrations/{name}" for name in migrations} <= names
+    assert "mailsvc/cli.py" in names and "mailsvc/delivery/pool.py" in names
