@@ -13,6 +13,9 @@ bind = _settings.bind
 workers = _settings.workers
 worker_class = "gthread"
 threads = 4
+# gunicorn's control socket has one default path for every instance on the machine; mailsvc
+# does not use gunicornc, and several servers (tests, side-by-side benchmarks) must not collide.
+control_socket_disable = True
 # Time a stopping worker has to finish its requests and the SMTP transactions in flight.
 graceful_timeout = 30
 

@@ -73,6 +73,11 @@ SETTINGS: tuple[Setting, ...] = (
         "Relay, as `smtp://[user:password@]host[:port][?starttls=1]` or `smtps://...`. "
         "Empty: deliver into the Maildir at `MAILSVC_OUTBOX`.",
     ),
+    Setting(
+        "smtp_ca_file",
+        "",
+        "PEM bundle of the CAs that sign the relay's TLS certificate. Empty: the system's CAs.",
+    ),
     Setting("outbox", "./var/outbox", "Maildir that receives mail when no relay is set."),
     Setting("smtp_timeout_seconds", 30.0, "Timeout of each SMTP command.", _positive_float),
     Setting("delivery_threads", 4, "Delivery threads in each worker process.", _positive_int),

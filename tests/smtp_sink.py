@@ -1,14 +1,18 @@
 """A small SMTP server for the tests, on loopback, that can be told how to answer.
 
-Per recipient it can accept or answer any code at RCPT; per message it can answer any code
-after DATA or drop the connection instead of answering; it can delay every reply. It logs every
-message it accepted, with its Message-ID, and counts connections.
+It speaks plain SMTP, STARTTLS or implicit TLS (given a server ``ssl.SSLContext``), and AUTH
+PLAIN/LOGIN when given credentials. Per recipient it can accept or answer any code at RCPT;
+per message it can answer any code after DATA or drop the connection instead of answering; it
+can delay every reply. It logs every message it accepted, with its Message-ID, and counts
+connections.
 """
 
 from __future__ import annotations
 
+import base64
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +30,8 @@ class Received:
     recipients: list[str]
     data: bytes
     connection: int
+    tls: bool = False
+    user: str | None = None
 
     @property
     def message(self) -> Message:
@@ -51,7 +57,20 @@ class Behaviour:
 
 
 class SmtpSink:
-    def __init__(self) -> None:
+    """
+    :param tls: server context; offers STARTTLS, or TLS from the first byte with ``implicit_tls``.
+    :param credentials: ``(user, password)`` that AUTH must present before MAIL.
+    """
+
+    def __init__(
+        self,
+        tls: ssl.SSLContext | None = None,
+        implicit_tls: bool = False,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
+        self.tls = tls
+        self.implicit_tls = implicit_tls
+        self.credentials = credentials
         self.behaviour = Behaviour()
         self.messages: list[Received] = []
         self.dropped: list[Received] = []
@@ -76,7 +95,8 @@ class SmtpSink:
 
     @property
     def url(self) -> str:
-        return f"smtp://127.0.0.1:{self.port}"
+        scheme = "smtps" if self.implicit_tls else "smtp"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> SmtpSink:
         self._thread.start()
@@ -110,9 +130,17 @@ class SmtpSink:
             self.connections += 1
             number = self.connections
             self._open.add(handler.connection)
+        session = None
         try:
-            _Session(self, handler, number).run()
+            session = _Session(self, handler, number)
+            session.run()
+        except (OSError, ssl.SSLError):
+            pass  # the client went away, or its TLS handshake failed
         finally:
+            if session is not None and session.secure:
+                session.rfile.close()
+                session.wfile.close()
+                session.socket.close()
             with self._lock:
                 self._open.discard(handler.connection)
 
@@ -125,11 +153,23 @@ class SmtpSink:
 class _Session:
     def __init__(self, sink: SmtpSink, handler: socketserver.StreamRequestHandler, number: int):
         self.sink = sink
+        self.socket: socket.socket = handler.connection
         self.rfile = handler.rfile
         self.wfile = handler.wfile
         self.number = number
         self.mail_from: str | None = None
         self.recipients: list[str] = []
+        self.secure = False
+        self.user: str | None = None
+        if sink.tls is not None and sink.implicit_tls:
+            self._start_tls()
+
+    def _start_tls(self) -> None:
+        assert self.sink.tls is not None
+        self.socket = self.sink.tls.wrap_socket(self.socket, server_side=True)
+        self.rfile = self.socket.makefile("rb")
+        self.wfile = self.socket.makefile("wb")
+        self.secure = True
 
     def reply(self, code: int, text: str) -> None:
         if self.sink.behaviour.delay_seconds:
@@ -153,7 +193,18 @@ class _Session:
                 features = ["sink.test", "8BITMIME", "SIZE 10485760"]
                 if self.sink.behaviour.smtputf8:
                     features.append("SMTPUTF8")
+                if self.sink.tls is not None and not self.secure:
+                    features.append("STARTTLS")
+                if self.sink.credentials:
+                    features.append("AUTH PLAIN LOGIN")
                 self.reply(250, "\n".join(features))
+            elif verb == "STARTTLS" and self.sink.tls is not None and not self.secure:
+                self.reply(220, "2.0.0 ready to start TLS")
+                self._start_tls()
+            elif verb == "AUTH" and self.sink.credentials:
+                self._authenticate(argument)
+            elif verb == "MAIL" and self.sink.credentials and self.user is None:
+                self.reply(530, "5.7.0 authentication required")
             elif verb == "HELO":
                 self.reply(250, "sink.test")
             elif verb == "MAIL":
@@ -184,6 +235,27 @@ class _Session:
             else:
                 self.reply(500, "5.5.2 command not recognised")
 
+    def _authenticate(self, argument: str) -> None:
+        mechanism, _, initial = argument.partition(" ")
+        if mechanism.upper() == "PLAIN":
+            if not initial:
+                self.reply(334, "")
+                initial = self.rfile.readline().decode().strip()
+            _, user, password = base64.b64decode(initial).decode().split("\0")
+        elif mechanism.upper() == "LOGIN":
+            self.reply(334, base64.b64encode(b"Username:").decode())
+            user = base64.b64decode(self.rfile.readline().strip()).decode()
+            self.reply(334, base64.b64encode(b"Password:").decode())
+            password = base64.b64decode(self.rfile.readline().strip()).decode()
+        else:
+            self.reply(504, "5.5.4 mechanism not supported")
+            return
+        if (user, password) == self.sink.credentials:
+            self.user = user
+            self.reply(235, "2.7.0 authenticated")
+        else:
+            self.reply(535, "5.7.8 bad credentials")
+
     def _data(self) -> bool:
         """Read one message; False when the connection ends."""
         lines = []
@@ -195,7 +267,12 @@ class _Session:
                 break
             lines.append(line[1:] if line.startswith(b".") else line)
         received = Received(
-            self.mail_from or "", list(self.recipients), b"".join(lines), self.number
+            self.mail_from or "",
+            list(self.recipients),
+            b"".join(lines),
+            self.number,
+            tls=self.secure,
+            user=self.user,
         )
         behaviour = self.sink.behaviour
         if behaviour.drop_after_data:

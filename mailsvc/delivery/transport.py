@@ -79,16 +79,21 @@ class RelayUrl:
 def open_transport(settings: Settings) -> Transport:
     """A new transport for one delivery thread, as the settings say."""
     if settings.smtp_url:
-        return SmtpRelay(RelayUrl.parse(settings.smtp_url), settings.smtp_timeout_seconds)
+        return SmtpRelay(
+            RelayUrl.parse(settings.smtp_url),
+            settings.smtp_timeout_seconds,
+            settings.smtp_ca_file or None,
+        )
     return MaildirOutbox(Path(settings.outbox))
 
 
 class SmtpRelay:
     """Sends through one relay over a connection kept open between messages."""
 
-    def __init__(self, url: RelayUrl, timeout: float) -> None:
+    def __init__(self, url: RelayUrl, timeout: float, ca_file: str | None = None) -> None:
         self.url = url
         self.timeout = timeout
+        self.ca_file = ca_file
         self._connection: smtplib.SMTP | None = None
         self._last_used = 0.0
 
@@ -167,7 +172,7 @@ class SmtpRelay:
 
     def _connect(self) -> smtplib.SMTP:
         url = self.url
-        context = ssl.create_default_context()
+        context = ssl.create_default_context(cafile=self.ca_file)
         connection: smtplib.SMTP
         if url.implicit_tls:
             connection = smtplib.SMTP_SSL(url.host, url.port, timeout=self.timeout, context=context)

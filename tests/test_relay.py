@@ -1,0 +1,111 @@
+"""The relay URL: smtp:// or smtps://, STARTTLS, and AUTH, against a real TLS sink."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+import trustme
+from werkzeug.test import Client
+
+from mailsvc import create_app
+from mailsvc.delivery.transport import RelayUrl
+from mailsvc.settings import SettingsError
+
+from .conftest import make_tenant
+from .smtp_sink import SmtpSink
+from .test_delivery import post, wait_status
+
+
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
+@pytest.fixture
+def ca_file(ca, tmp_path):
+    path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+def server_context(ca):
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    return context
+
+
+def deliver_one(config, clock, url, ca_file=None, expect="sent"):
+    config.update(smtp_url=url, smtp_ca_file=ca_file or "")
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    app.start()
+    try:
+        email_id = post(client, tenant)
+        return wait_status(client, tenant, email_id, expect)
+    finally:
+        app.stop(timeout=5)
+
+
+def test_starttls_with_login(config, clock, ca, ca_file):
+    sink = SmtpSink(tls=server_context(ca), credentials=("mailer", "p@ss:word")).start()
+    try:
+        url = f"smtp://mailer:p%40ss%3Aword@127.0.0.1:{sink.port}?starttls=1"
+        deliver_one(config, clock, url, ca_file)
+        [received] = sink.wait_for(1)
+        assert received.tls and received.user == "mailer"
+    finally:
+        sink.stop()
+
+
+def test_implicit_tls(config, clock, ca, ca_file):
+    sink = SmtpSink(tls=server_context(ca), implicit_tls=True).start()
+    try:
+        assert sink.url.startswith("smtps://")
+        deliver_one(config, clock, sink.url, ca_file)
+        assert sink.wait_for(1)[0].tls
+    finally:
+        sink.stop()
+
+
+def test_untrusted_certificate_is_not_used(config, clock, ca):
+    sink = SmtpSink(tls=server_context(ca)).start()
+    try:
+        shown = deliver_one(config, clock, sink.url + "?starttls=1", expect="failed")
+        assert "CERTIFICATE_VERIFY_FAILED" in shown["lastError"]
+        assert sink.messages == []
+    finally:
+        sink.stop()
+
+
+def test_wrong_password_is_refused(config, clock):
+    sink = SmtpSink(credentials=("mailer", "right")).start()
+    try:
+        shown = deliver_one(
+            config, clock, f"smtp://mailer:wrong@127.0.0.1:{sink.port}", expect="failed"
+        )
+        assert "535" in shown["lastError"] and sink.messages == []
+    finally:
+        sink.stop()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("smtp://relay.test", RelayUrl("relay.test", 25, False, False, None, None)),
+        ("smtps://relay.test", RelayUrl("relay.test", 465, True, False, None, None)),
+        (
+            "smtp://u:p%2Fw@relay.test:587?starttls=1",
+            RelayUrl("relay.test", 587, False, True, "u", "p/w"),
+        ),
+    ],
+)
+def test_relay_url_forms(url, expected):
+    assert RelayUrl.parse(url) == expected
+
+
+@pytest.mark.parametrize("url", ["http://relay.test", "smtp://", "smtp://relay.test:port"])
+def test_bad_relay_url_is_refused_at_start_up(config, url):
+    config["smtp_url"] = url
+    with pytest.raises(SettingsError, match="MAILSVC_SMTP_URL"):
+        create_app(config)
