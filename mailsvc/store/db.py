@@ -51,16 +51,6 @@ class Database:
         finally:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
-    @contextmanager
-    def snapshot(self) -> Iterator[Transaction]:
-        """A read-only transaction: one consistent view, no lock taken (WAL readers never wait)."""
-        connection, _ = self._connection()
-        connection.execute("BEGIN")
-        try:
-            yield Transaction(connection)
-        finally:
-            connection.execute("ROLLBACK")
-
     def close(self) -> None:
         """Close this thread's connection, if it has one."""
         state = getattr(self._local, "state", None)
