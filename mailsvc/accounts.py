@@ -14,6 +14,7 @@ from .auth import SCOPES, issue_key
 from .errors import ValidationFailed
 from .ids import new_id
 from .ratelimit import ROUTE_GROUPS
+from .signing import dns_record, new_signing_key
 from .store import Database, DomainTaken
 
 
@@ -56,19 +57,41 @@ def revoke_key(db: Database, key_id: str) -> dict[str, Any]:
     return {"id": key_id, "revoked": True}
 
 
-def add_domain(db: Database, account_id: str, domain: str, verified: bool) -> dict[str, Any]:
-    try:
-        name = normalise_domain(domain, "domain")
-    except ValidationFailed as exc:
-        raise OperatorError(exc.message) from None
+def add_domain(
+    db: Database, account_id: str, domain: str, verified: bool, key_bits: int = 2048
+) -> dict[str, Any]:
+    """Add a sender domain, with a new DKIM key, to an account; ``verified`` marks it verified."""
+    name = _domain_name(domain)
+    signing_key = new_signing_key(key_bits)  # before the transaction: it takes a while
     with db.transaction() as tx:
         _require_account(tx, account_id)
         try:
-            tx.add_domain(new_id("dom"), account_id, name, verified, time.time())
+            tx.add_domain(new_id("dom"), account_id, name, verified, signing_key, time.time())
         except DomainTaken:
             raise OperatorError(f"domain {name}: already verified by another account") from None
         verified_now = tx.is_domain_verified(account_id, name)
     return {"domain": name, "verified": verified_now}
+
+
+def show_domain(db: Database, domain: str, account_id: str | None = None) -> dict[str, Any]:
+    """A domain and the DKIM record to publish for it.
+
+    Without ``account_id``: the account that verified it, else the only one that added it.
+    """
+    name = _domain_name(domain)
+    with db.transaction() as tx:
+        found = [d for d in tx.find_domains(name) if account_id in (None, d.account_id)]
+    if not found:
+        raise OperatorError(f"domain {name}: not found")
+    if len(found) > 1 and not found[0].verified:
+        raise OperatorError(f"domain {name}: added by several accounts; give --account")
+    entry = found[0]
+    return {
+        "domain": entry.name,
+        "account": entry.account_id,
+        "verified": entry.verified,
+        "dkim": dns_record(entry.name, entry.signing_key) if entry.signing_key else None,
+    }
 
 
 def set_limit(db: Database, account_id: str, group: str, per_minute: int) -> dict[str, Any]:
@@ -80,6 +103,13 @@ def set_limit(db: Database, account_id: str, group: str, per_minute: int) -> dic
         _require_account(tx, account_id)
         tx.set_rate_limit(account_id, group, per_minute)
     return {"account": account_id, "group": group, "perMinute": per_minute}
+
+
+def _domain_name(domain: str) -> str:
+    try:
+        return normalise_domain(domain, "domain")
+    except ValidationFailed as exc:
+        raise OperatorError(exc.message) from None
 
 
 def _require_account(tx: Any, account_id: str) -> None:

@@ -70,8 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "add",
-        lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified),
-        "add a sender domain to an account",
+        lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified, a.key_bits),
+        "add a sender domain, with a new DKIM key, to an account",
     )
     sub.add_argument("--account", required=True)
     sub.add_argument(
@@ -79,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="mark it verified now (operator override of the DNS check)",
     )
+    sub.add_argument("domain", metavar="DOMAIN")
+    sub = command(
+        noun,
+        "show",
+        lambda db, a: accounts.show_domain(db, a.domain, a.account),
+        "show a domain and the DKIM TXT record to publish",
+    )
+    sub.add_argument("--account", help="the account, when several added the domain")
     sub.add_argument("domain", metavar="DOMAIN")
 
     noun = nouns.add_parser("limits", help="rate limits").add_subparsers(dest="verb", required=True)
@@ -99,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
         db = Database(settings.database, settings.sqlite_synchronous)
+        arguments.key_bits = settings.dkim_key_bits
         result = arguments.action(db, arguments)
     except (accounts.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {exc}", file=sys.stderr)

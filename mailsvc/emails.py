@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from . import statuses
 from .addresses import Mailbox, parse_address, parse_mailbox
 from .auth import Principal
 from .errors import DomainNotVerified, InsufficientCredit, NotFound, ValidationFailed
@@ -125,6 +126,9 @@ def present_email(record: EmailRecord) -> dict[str, Any]:
         "sentAt": iso_time(record.sent_at),
         "lastError": record.last_error,
         "attempts": record.attempts,
+        "nextAttemptAt": iso_time(record.due_at)
+        if record.status in (statuses.QUEUED, statuses.DEFERRED)
+        else None,
         "recipients": [
             {
                 "address": r.address,

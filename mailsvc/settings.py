@@ -38,6 +38,13 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _dkim_bits(value: str) -> int:
+    bits = int(value)
+    if bits not in (1024, 2048, 3072, 4096):
+        raise ValueError("must be 1024, 2048, 3072 or 4096")
+    return bits
+
+
 def _synchronous(value: str) -> str:
     upper = value.upper()
     if upper not in ("FULL", "NORMAL", "EXTRA"):
@@ -93,6 +100,20 @@ SETTINGS: tuple[Setting, ...] = (
         "How often idle delivery threads look for mail queued by other processes.",
         _positive_float,
     ),
+    Setting(
+        "retry_first_seconds",
+        60.0,
+        "Delay before the first retry of a temporary failure; it doubles with each attempt.",
+        _positive_float,
+    ),
+    Setting("retry_max_seconds", 3600.0, "Largest delay between two attempts.", _positive_float),
+    Setting(
+        "retry_lifetime_seconds",
+        86400.0,
+        "Age at which an email still failing temporarily is given up (`failed`).",
+        _positive_float,
+    ),
+    Setting("dkim_key_bits", 2048, "Size of the RSA DKIM key made for a new domain.", _dkim_bits),
     Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
     Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),

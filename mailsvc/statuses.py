@@ -1,9 +1,17 @@
-"""The names of every status an email or a recipient can have."""
+"""The names of every status an email or a recipient can have.
+
+An email: ``queued`` -> ``sending`` -> ``sent``; a temporary failure for any recipient makes it
+``deferred`` until its next attempt; once no recipient is pending it ends ``sent`` (all
+delivered), ``failed`` (none delivered) or ``partially_sent`` (some delivered, some failed).
+A recipient: ``queued`` -> ``sent`` | ``deferred`` -> ... -> ``sent`` | ``failed``.
+"""
 
 QUEUED = "queued"
 SENDING = "sending"
+DEFERRED = "deferred"
 SENT = "sent"
+PARTIALLY_SENT = "partially_sent"
 FAILED = "failed"
 
-#: Statuses after which delivery never looks at an email again.
-FINAL = frozenset({SENT, FAILED})
+#: Statuses after which delivery never looks at an email (or a recipient) again.
+FINAL = frozenset({SENT, PARTIALLY_SENT, FAILED})

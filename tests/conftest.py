@@ -57,6 +57,8 @@ def config(tmp_path: Path) -> dict[str, Any]:
         "outbox": str(tmp_path / "outbox"),
         "delivery_threads": 2,
         "poll_seconds": 0.2,
+        # Tests poll GET /v1/emails/{id}; the rate-limit tests set their own limits.
+        "rate_list_per_minute": 100_000,
     }
 
 

@@ -15,6 +15,11 @@ from email.utils import format_datetime
 
 from ..store import EmailRecord
 
+# Bodies are always 7-bit (quoted-printable or base64 when needed): safe through any relay,
+# with or without 8BITMIME.
+_ASCII_POLICY = SMTP.clone(cte_type="7bit")
+_UTF8_POLICY = SMTPUTF8.clone(cte_type="7bit")
+
 
 def build_message(email: EmailRecord, utf8: bool = False) -> bytes:
     """The RFC 5322 message of ``email``, CRLF line endings, lines within 998 octets.
@@ -22,7 +27,7 @@ def build_message(email: EmailRecord, utf8: bool = False) -> bytes:
     :param utf8: the relay accepts SMTPUTF8, so headers may carry raw UTF-8 addresses.
         Otherwise non-ASCII header text is RFC 2047 encoded.
     """
-    message = EmailMessage(policy=SMTPUTF8 if utf8 else SMTP)
+    message = EmailMessage(policy=_UTF8_POLICY if utf8 else _ASCII_POLICY)
     message["From"] = _address(email.sender_address, email.sender_name)
     message["To"] = [_address(recipient.address) for recipient in email.recipients]
     if email.reply_to:

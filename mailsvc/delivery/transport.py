@@ -1,12 +1,15 @@
 """Where mail goes: an SMTP relay (``MAILSVC_SMTP_URL``), or a Maildir on this machine.
 
 A transport takes one message for several recipients and answers one :class:`Reply` per
-recipient. It never raises for what the relay or the network does; a reply without a code means
-no SMTP reply came (refused connection, timeout, connection lost).
+recipient. It builds the message itself, through the callable it is given, once it knows
+whether the far end takes UTF-8 headers (SMTPUTF8). It never raises for what the relay or the
+network does; a reply without a code means no SMTP reply came (refused connection, timeout,
+connection lost).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import smtplib
@@ -14,13 +17,15 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..settings import Settings, SettingsError
+
+log = logging.getLogger("mailsvc.delivery")
 
 _ENHANCED = re.compile(r"^([245]\.\d{1,3}\.\d{1,3})\b")
 #: A connection unused for longer than this is checked with NOOP before it is used again.
@@ -38,8 +43,19 @@ class Reply:
         return match.group(1) if match else None
 
 
+#: Builds the message; its argument says whether headers may carry raw UTF-8.
+MessageBuilder = Callable[[bool], bytes]
+
+#: The reply for a non-ASCII address that the relay cannot carry (RFC 6531 gives 553 5.6.7).
+_NEEDS_SMTPUTF8 = Reply(
+    553, "5.6.7 mailsvc: the relay does not offer SMTPUTF8, needed for this non-ASCII address"
+)
+
+
 class Transport(Protocol):
-    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]: ...
+    def send(
+        self, sender: str, recipients: Sequence[str], build: MessageBuilder
+    ) -> list[Reply]: ...
 
     def close(self) -> None: ...
 
@@ -97,56 +113,13 @@ class SmtpRelay:
         self._connection: smtplib.SMTP | None = None
         self._last_used = 0.0
 
-    @property
-    def supports_smtputf8(self) -> bool:
-        return self._connection is not None and self._connection.has_extn("smtputf8")
-
-    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
+    def send(self, sender: str, recipients: Sequence[str], build: MessageBuilder) -> list[Reply]:
         reused = self._connection is not None
-        replies = self._transaction(sender, recipients, message)
-        if reused and all(
-            reply.code is None and reply.text.startswith("MAIL FROM") for reply in replies
-        ):
+        replies = self._transaction(sender, recipients, build)
+        if reused and all(r.code is None and r.text.startswith("MAIL FROM") for r in replies):
             # The relay closed the kept connection while it was idle; nothing was sent yet.
-            replies = self._transaction(sender, recipients, message)
+            replies = self._transaction(sender, recipients, build)
         return replies
-
-    def _transaction(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
-        replies: list[Reply | None] = [None] * len(recipients)
-        phase = "connecting"
-        try:
-            connection = self._ready_connection()
-            phase = "MAIL FROM"
-            code, text = connection.mail(sender)
-            if code != 250:
-                connection.rset()
-                return [Reply(code, _text(text))] * len(recipients)
-            phase = "RCPT TO"
-            for index, recipient in enumerate(recipients):
-                code, text = connection.rcpt(recipient)
-                replies[index] = Reply(code, _text(text))
-            accepted = [i for i, reply in enumerate(replies) if reply and reply.code in (250, 251)]
-            if not accepted:
-                connection.rset()
-                return [reply for reply in replies if reply is not None]
-            phase = "DATA"
-            code, text = connection.data(message)
-            for index in accepted:
-                replies[index] = Reply(code, _text(text))
-        except smtplib.SMTPResponseException as exc:
-            # DATA refused before the message was sent (no 354).
-            self._drop()
-            failure = Reply(exc.smtp_code, _text(exc.smtp_error))
-            return [failure if r is None or r.code in (250, 251) else r for r in replies]
-        except (OSError, smtplib.SMTPException) as exc:
-            self._drop()
-            failure = Reply(None, f"{phase}: {_describe(exc)}")
-            return [
-                failure if r is None or phase == "DATA" and r.code in (250, 251) else r
-                for r in replies
-            ]
-        self._last_used = time.monotonic()
-        return [reply for reply in replies if reply is not None]
 
     def close(self) -> None:
         if self._connection is not None:
@@ -156,11 +129,69 @@ class SmtpRelay:
                 pass
             self._drop()
 
+    def _transaction(
+        self, sender: str, recipients: Sequence[str], build: MessageBuilder
+    ) -> list[Reply]:
+        """One SMTP transaction; reads every recipient's RCPT reply, as smtplib's
+        ``sendmail()`` reports refused recipients, but keeps the replies of all of them."""
+        replies: list[Reply | None] = [None] * len(recipients)
+        phase = "connecting"
+        try:
+            connection = self._ready_connection()
+            utf8 = connection.has_extn("smtputf8")
+            if not utf8 and not sender.isascii():
+                return [_NEEDS_SMTPUTF8] * len(recipients)
+            # Declared only when an address needs it; then, and only then, headers are UTF-8.
+            utf8 = utf8 and _needs_utf8(sender, recipients)
+            phase = "MAIL FROM"
+            code, text = connection.mail(sender, ["SMTPUTF8"] if utf8 else [])
+            if code != 250:
+                connection.rset()
+                return [Reply(code, _text(text))] * len(recipients)
+            phase = "RCPT TO"
+            for index, recipient in enumerate(recipients):
+                if not utf8 and not recipient.isascii():
+                    replies[index] = _NEEDS_SMTPUTF8
+                    continue
+                code, text = connection.rcpt(recipient)
+                replies[index] = Reply(code, _text(text))
+            accepted = [i for i, reply in enumerate(replies) if reply and reply.code in (250, 251)]
+            if not accepted:
+                connection.rset()
+                return [reply for reply in replies if reply is not None]
+            try:
+                message = build(utf8)
+            except Exception as exc:
+                connection.rset()
+                failure = _not_built(exc)
+                return [failure if i in accepted else r for i, r in enumerate(replies) if r]
+            phase = "DATA"
+            code, text = connection.data(message)
+            for index in accepted:
+                replies[index] = Reply(code, _text(text))
+        except smtplib.SMTPResponseException as exc:
+            self._drop()
+            if phase == "connecting":
+                # TLS or AUTH refused: the relay's set-up, not the message; as Postfix, defer.
+                reason = f"connecting: {exc.smtp_code} {_text(exc.smtp_error)}"
+                return [Reply(None, reason)] * len(recipients)
+            # DATA refused before the message was sent (no 354).
+            failure = Reply(exc.smtp_code, _text(exc.smtp_error))
+            return [failure if r is None or r.code in (250, 251) else r for r in replies]
+        except (OSError, smtplib.SMTPException) as exc:
+            # No reply: refused, timed out, or lost, even after the end of DATA.
+            self._drop()
+            failure = Reply(None, f"{phase}: {_describe(exc)}")
+            return [
+                failure if r is None or (phase == "DATA" and r.code in (250, 251)) else r
+                for r in replies
+            ]
+        self._last_used = time.monotonic()
+        return [reply for reply in replies if reply is not None]
+
     def _ready_connection(self) -> smtplib.SMTP:
-        if (
-            self._connection is not None
-            and time.monotonic() - self._last_used > _IDLE_CHECK_SECONDS
-        ):
+        idle = time.monotonic() - self._last_used
+        if self._connection is not None and idle > _IDLE_CHECK_SECONDS:
             try:
                 if self._connection.noop()[0] != 250:
                     self._drop()
@@ -203,12 +234,14 @@ class MaildirOutbox:
     never leaves a partial message where a reader looks.
     """
 
-    supports_smtputf8 = True
-
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def send(self, sender: str, recipients: Sequence[str], message: bytes) -> list[Reply]:
+    def send(self, sender: str, recipients: Sequence[str], build: MessageBuilder) -> list[Reply]:
+        try:
+            message = build(_needs_utf8(sender, recipients))
+        except Exception as exc:
+            return [_not_built(exc)] * len(recipients)
         envelope = f"Return-Path: <{sender}>\r\n" + "".join(
             f"Delivered-To: {recipient}\r\n" for recipient in recipients
         )
@@ -233,6 +266,16 @@ class MaildirOutbox:
 
     def close(self) -> None:
         pass
+
+
+def _needs_utf8(sender: str, recipients: Sequence[str]) -> bool:
+    return not sender.isascii() or not all(recipient.isascii() for recipient in recipients)
+
+
+def _not_built(exc: Exception) -> Reply:
+    """A message that cannot be built will never be: a permanent failure, logged."""
+    log.error("a message could not be built", exc_info=exc)
+    return Reply(554, f"5.6.0 mailsvc: the message could not be built: {exc}")
 
 
 def _text(reply: bytes | str) -> str:

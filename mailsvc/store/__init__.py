@@ -1,13 +1,14 @@
 """The store: the only code that writes SQL. It is also the queue."""
 
 from .db import Database
-from .records import Account, ApiKey, EmailRecord, NewEmail, Recipient
+from .records import Account, ApiKey, Domain, EmailRecord, NewEmail, Recipient
 from .transaction import DomainTaken, Transaction
 
 __all__ = [
     "Account",
     "ApiKey",
     "Database",
+    "Domain",
     "DomainTaken",
     "EmailRecord",
     "NewEmail",

@@ -15,7 +15,7 @@ from .records import EmailRecord, NewEmail, Recipient
 
 _EMAIL_COLUMNS = (
     "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
-    "template_id, message_id, created_at, sent_at, last_error, attempts"
+    "template_id, message_id, created_at, sent_at, last_error, attempts, due_at"
 )
 
 
@@ -90,9 +90,19 @@ class QueueVerbs:
         """
         cursor = self.connection.execute(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
-            "sent_at = CASE WHEN ? = 'sent' THEN ? ELSE sent_at END "
+            "sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
             "WHERE seq = ? AND lease_owner = ?",
-            (status, due_at, last_error, status, now, seq, owner),
+            (
+                status,
+                due_at,
+                last_error,
+                status,
+                statuses.SENT,
+                statuses.PARTIALLY_SENT,
+                now,
+                seq,
+                owner,
+            ),
         )
         if cursor.rowcount != 1:
             return False
@@ -112,9 +122,10 @@ class QueueVerbs:
             return 0
         marks = ",".join("?" * len(seqs))
         cursor = self.connection.execute(
-            f"UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, "
-            f"attempts = attempts - 1 WHERE lease_owner = ? AND seq IN ({marks})",
-            (statuses.QUEUED, now, owner, *seqs),
+            f"UPDATE emails SET due_at = ?, lease_owner = NULL, attempts = attempts - 1, "
+            f"status = CASE WHEN attempts > 1 THEN ? ELSE ? END "
+            f"WHERE lease_owner = ? AND seq IN ({marks})",
+            (now, statuses.DEFERRED, statuses.QUEUED, owner, *seqs),
         )
         return cursor.rowcount
 

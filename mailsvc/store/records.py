@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..signing import SigningKey
+
 
 @dataclass(frozen=True)
 class Account:
@@ -20,6 +22,15 @@ class ApiKey:
     secret_hash: bytes
     scope: str
     revoked: bool
+
+
+@dataclass(frozen=True)
+class Domain:
+    id: str
+    account_id: str
+    name: str
+    verified: bool
+    signing_key: SigningKey | None
 
 
 @dataclass(frozen=True)
@@ -68,4 +79,6 @@ class EmailRecord:
     sent_at: float | None
     last_error: str | None
     attempts: int
+    #: The next attempt while queued or deferred; the end of the lease while sending.
+    due_at: float | None
     recipients: tuple[Recipient, ...] = field(default=())
