@@ -14,6 +14,7 @@ from werkzeug.test import Client
 
 from mailsvc import accounts, create_app
 from mailsvc.app import MailService
+from mailsvc.store import Database
 
 from .smtp_sink import SmtpSink
 
@@ -87,6 +88,24 @@ def make_tenant(
 @pytest.fixture
 def tenant(app: MailService) -> Tenant:
     return make_tenant(app)
+
+
+@pytest.fixture
+def served_tenant(tmp_path: Path) -> tuple[str, Database, str, dict[str, str]]:
+    """A database file with an account for a server process: path, store, account, headers."""
+    path = str(tmp_path / "served.sqlite3")
+    db = Database(path)
+    account = accounts.create_account(db, "Load", 100_000)
+    key = accounts.create_key(db, account["id"])
+    accounts.add_domain(db, account["id"], VERIFIED, verified=True)
+    accounts.set_limit(db, account["id"], "send", 100_000)
+    return path, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
+
+
+def count_by_status(db: Database) -> dict[str, int]:
+    with db.transaction() as tx:
+        rows = tx.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
+        return {status: count for status, count in rows}
 
 
 @pytest.fixture

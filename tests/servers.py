@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +32,12 @@ class Gunicorn:
         self.env = {**os.environ, **settings}
         self.workers = workers
         self.process: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()
+
+    def log(self) -> str:
+        """What the server wrote on stderr so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
 
     def start(self, timeout: float = 30.0) -> Gunicorn:
         self.process = subprocess.Popen(
@@ -48,14 +55,13 @@ class Gunicorn:
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self._log,  # a file: a pipe nobody reads could fill and stall the server
+            start_new_session=True,  # its own process group, so a test can kill it whole
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    self.process.stderr.read().decode() if self.process.stderr else ""
-                )
+                raise RuntimeError(self.log())
             try:
                 status, _ = self.request("GET", "/")
                 if status == 404:
@@ -70,11 +76,36 @@ class Gunicorn:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
-            _, stderr = self.process.communicate(timeout=timeout)
+            self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, stderr = self.process.communicate()
-        return stderr.decode(errors="replace") if stderr else ""
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        return self._close_log()
+
+    def worker_pids(self) -> list[int]:
+        assert self.process is not None
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == self.process.pid:
+                    children.append(int(entry.name))
+        return children
+
+    def kill_all(self) -> str:
+        """``kill -9`` the master and every worker at once; returns what it wrote."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        return self._close_log()
+
+    def _close_log(self) -> str:
+        text = self.log()
+        self._log.close()
+        return text
 
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None

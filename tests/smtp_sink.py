@@ -32,6 +32,7 @@ class Received:
     connection: int
     tls: bool = False
     user: str | None = None
+    mail_options: list[str] = field(default_factory=list)
 
     @property
     def message(self) -> Message:
@@ -67,6 +68,7 @@ class SmtpSink:
         tls: ssl.SSLContext | None = None,
         implicit_tls: bool = False,
         credentials: tuple[str, str] | None = None,
+        port: int = 0,
     ) -> None:
         self.tls = tls
         self.implicit_tls = implicit_tls
@@ -83,8 +85,7 @@ class SmtpSink:
             def handle(self) -> None:
                 sink._serve(self)
 
-        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", port), Handler)
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
         )
@@ -150,6 +151,11 @@ class SmtpSink:
             self._lock.notify_all()
 
 
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True  # a test may bring a "down" relay back on the same port
+    daemon_threads = True
+
+
 class _Session:
     def __init__(self, sink: SmtpSink, handler: socketserver.StreamRequestHandler, number: int):
         self.sink = sink
@@ -158,6 +164,7 @@ class _Session:
         self.wfile = handler.wfile
         self.number = number
         self.mail_from: str | None = None
+        self.mail_options: list[str] = []
         self.recipients: list[str] = []
         self.secure = False
         self.user: str | None = None
@@ -209,6 +216,7 @@ class _Session:
                 self.reply(250, "sink.test")
             elif verb == "MAIL":
                 self.mail_from = _angle(argument)
+                self.mail_options = argument.rpartition(">")[2].split()
                 self.recipients = []
                 self.reply(250, "2.1.0 ok")
             elif verb == "RCPT":
@@ -273,6 +281,7 @@ class _Session:
             self.number,
             tls=self.secure,
             user=self.user,
+            mail_options=self.mail_options,
         )
         behaviour = self.sink.behaviour
         if behaviour.drop_after_data:

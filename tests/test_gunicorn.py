@@ -8,7 +8,6 @@ from collections import Counter
 import pytest
 
 from mailsvc import accounts
-from mailsvc.store import Database
 
 from .conftest import VERIFIED, email_body
 from .servers import Gunicorn
@@ -16,18 +15,8 @@ from .servers import Gunicorn
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def tenant_db(tmp_path):
-    path = str(tmp_path / "mailsvc.sqlite3")
-    db = Database(path)
-    account = accounts.create_account(db, "Load", 100_000)
-    key = accounts.create_key(db, account["id"])
-    accounts.add_domain(db, account["id"], VERIFIED, verified=True)
-    return path, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
-
-
-def test_rate_limit_holds_across_all_workers(tenant_db, sink, tmp_path):
-    path, db, account_id, headers = tenant_db
+def test_rate_limit_holds_across_all_workers(served_tenant, sink, tmp_path):
+    path, db, account_id, headers = served_tenant
     accounts.set_limit(db, account_id, "send", 30)
     server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}).start()
     try:
@@ -44,9 +33,8 @@ def test_rate_limit_holds_across_all_workers(tenant_db, sink, tmp_path):
     assert all(body["statusCode"] == 429 for status, body in results if status == 429)
 
 
-def test_200_concurrent_emails_arrive_exactly_once(tenant_db, sink, tmp_path):
-    path, db, account_id, headers = tenant_db
-    accounts.set_limit(db, account_id, "send", 10_000)
+def test_200_concurrent_emails_arrive_exactly_once(served_tenant, sink, tmp_path):
+    path, db, account_id, headers = served_tenant
     server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}).start()
     try:
         results = server.many([("POST", "/v1/emails", email_body(), headers)] * 200)

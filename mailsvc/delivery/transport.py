@@ -286,5 +286,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, socket.timeout | TimeoutError):
         return "timed out"
     if isinstance(exc, smtplib.SMTPServerDisconnected):
-        return "connection lost"
+        # smtplib reports a read that timed out as a lost connection; keep its reason.
+        reason = str(exc).removeprefix("Connection unexpectedly closed").strip(": ")
+        return "timed out" if "timed out" in reason else f"connection lost {reason}".strip()
     return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,102 @@
+"""Mail on the wire is always valid and safe: CRLF, short lines, no smuggling, encoded headers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app
+
+from .conftest import make_tenant
+from .test_delivery import post, wait_status
+
+
+@pytest.fixture
+def relayed(config, clock, sink):
+    config["smtp_url"] = sink.url
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    app.start()
+    yield app, tenant, Client(app)
+    app.stop(timeout=5)
+
+
+SMUGGLED = "MAIL FROM:<x@evil.test>\r\nRCPT TO:<victim@evil.test>\r\nDATA\r\nhi\r\n.\r\nafter"
+BARE_EOL = re.compile(rb"(?<!\r)\n|\r(?!\n)")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "before\n.\r\n" + SMUGGLED,
+        "before\r\n.\r\n" + SMUGGLED,
+        "before\r.\rafter",
+        "before\n.\nafter",
+        ".leading dot\n..two dots\nend",
+    ],
+)
+def test_body_with_dots_and_bare_line_ends_is_one_intact_message(relayed, sink, body):
+    app, tenant, client = relayed
+    email_id = post(client, tenant, text=body)
+    wait_status(client, tenant, email_id, "sent")
+    [received] = sink.wait_for(1)
+    assert received.recipients == ["alice@example.org"]
+    assert not BARE_EOL.search(received.data)
+    expected = "\n".join(re.split(r"\r\n|\r|\n", body)) + "\n"
+    # The wire form is all CRLF (checked above); compare the text with its line ends unified.
+    assert received.message.get_content().replace("\r\n", "\n") == expected
+    assert sink.messages == [received] and sink.dropped == []
+
+
+def test_long_lines_are_encoded_within_998_octets(relayed, sink):
+    app, tenant, client = relayed
+    html = "<p>" + "x" * 5000 + "</p>"
+    text = "é" * 3000
+    post(client, tenant, html=html, text=text)
+    [received] = sink.wait_for(1)
+    assert max(len(line) for line in received.data.split(b"\r\n")) <= 998
+    plain, rich = received.message.get_payload()
+    assert plain.get_content().replace("\r\n", "\n") == text + "\n"
+    assert rich.get_content().replace("\r\n", "\n") == html + "\n"
+
+
+def test_idn_recipient_goes_as_an_a_label(relayed, sink):
+    app, tenant, client = relayed
+    post(client, tenant, to="anna@Bücher.Example")
+    [received] = sink.wait_for(1)
+    assert received.recipients == ["anna@xn--bcher-kva.example"]
+    assert "anna@xn--bcher-kva.example" in received.message["To"]
+
+
+def test_non_ascii_local_part_fails_at_once_without_smtputf8(relayed, sink):
+    app, tenant, client = relayed
+    sink.behaviour.smtputf8 = False
+    email_id = post(client, tenant, to=["jörg@example.org", "anna@example.org"])
+    shown = wait_status(client, tenant, email_id, "partially_sent")
+    failed = shown["recipients"][0]
+    assert failed["status"] == "failed" and failed["enhancedCode"] == "5.6.7"
+    assert "SMTPUTF8" in failed["reply"]
+    assert shown["attempts"] == 1  # never retried
+    [received] = sink.messages
+    assert received.recipients == ["anna@example.org"]
+    assert received.data.split(b"\r\n\r\n")[0].isascii()
+
+
+def test_non_ascii_local_part_goes_with_smtputf8(relayed, sink):
+    app, tenant, client = relayed
+    email_id = post(client, tenant, to="jörg@example.org", subject="Grüße")
+    wait_status(client, tenant, email_id, "sent")
+    [received] = sink.wait_for(1)
+    assert received.recipients == ["jörg@example.org"] and "SMTPUTF8" in received.mail_options
+    assert received.message["To"] == "jörg@example.org"
+    assert received.message["Subject"] == "Grüße"
+
+
+def test_ascii_mail_does_not_declare_smtputf8(relayed, sink):
+    app, tenant, client = relayed
+    post(client, tenant, subject="Grüße")
+    [received] = sink.wait_for(1)
+    assert received.mail_options == []
+    assert received.data.split(b"\r\n\r\n")[0].isascii()
