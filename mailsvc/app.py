@@ -1,9 +1,10 @@
-"""The WSGI application: the routing table, the dispatcher, and ``create_app``.
+"""The WSGI application: the dispatcher and ``create_app``.
 
-Every request goes through the same steps, in the order the checks must answer:
-route (404/405), body read (kept for later), then in one store transaction: API key (401), rate
-limit (429), body (400/413/415), key scope (403), and the handler (its own 400/402/404). The
-rate-limit token is committed even when a later step refuses the request.
+Every request goes through the same steps, in the order the checks must answer: route
+(404/405), input read (kept for later), then in one store transaction: API key (401), rate limit
+(429), input (400/413/415), key scope (403), idempotency (409/422, or the stored answer), and
+the handler (its own 400/402/404). The rate-limit token is committed even when a later step
+refuses the request; nothing else a refused request did is.
 """
 
 from __future__ import annotations
@@ -11,59 +12,24 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
-from werkzeug.routing import Map, Rule
+from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Request, Response
 
-from . import emails
-from .auth import FULL, SENDING, authenticate, require_scope
+from . import idempotency
+from .auth import Principal, authenticate, require_scope
 from .delivery import DeliveryPool
-from .errors import (
-    BodyTooLarge,
-    ServiceError,
-    UnsupportedMediaType,
-    ValidationFailed,
-    render_error,
-)
-from .ratelimit import LIST, SEND, RateLimiter
+from .errors import ServiceError, render_error
+from .inputs import read_input
+from .ratelimit import RateLimiter
+from .routes import URL_MAP, Endpoint
 from .services import Services
 from .settings import Settings, load_settings
-from .store import Database
+from .store import Database, Transaction
 from .validation import Schemas
 
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A route's handler and what the dispatcher must check before calling it."""
-
-    handler: Callable[..., dict[str, Any]]
-    rate_group: str
-    scopes: tuple[str, ...]
-    schema: str | None = None
-    parse: Callable[[dict[str, Any]], Any] | None = None
-    status: int = 200
-    wakes_delivery: bool = False
-
-
-SEND_EMAIL = Endpoint(
-    emails.send_email,
-    SEND,
-    (FULL, SENDING),
-    schema="send_email",
-    parse=emails.parse_send_request,
-    wakes_delivery=True,
-)
-GET_EMAIL = Endpoint(emails.get_email, LIST, (FULL,))
-
-URL_MAP = Map(
-    [
-        Rule("/v1/emails", methods=["POST"], endpoint=SEND_EMAIL),
-        Rule("/v1/emails/<email_id>", methods=["GET"], endpoint=GET_EMAIL),
-    ]
-)
+Refusal = ServiceError | HTTPException
 
 
 class MailService:
@@ -108,71 +74,79 @@ class MailService:
 
     def dispatch(self, request: Request) -> Response:
         endpoint, matched = URL_MAP.bind_to_environ(request.environ).match()
-        url_args = dict(matched)
-        body = self._read_body(request, endpoint)
-        refusal: Exception | None = None
+        given = read_input(request, endpoint, self.schemas, self.settings.max_body_bytes)
+        arguments = {**matched, **given.arguments}
+        key: str | None = None
+        refusal: Refusal | None = None
         with self.db.transaction() as tx:
             principal = authenticate(request.headers.get("Authorization"), tx)
-            self.limiter.consume(
-                tx, principal.account_id, endpoint.rate_group, self.services.clock()
-            )
+            now = self.services.clock()
+            self.limiter.consume(tx, principal.account_id, endpoint.rate_group, now)
             try:
                 with tx.savepoint():
-                    if isinstance(body, Exception):
-                        raise body
+                    if given.refusal is not None:
+                        raise given.refusal
+                    if request.method == "POST":  # the other methods are idempotent already
+                        key = idempotency.check_key(request.headers.get(idempotency.HEADER))
                     require_scope(principal, endpoint.scopes)
-                    if body is not None:
-                        url_args["body"] = body
-                    data = endpoint.handler(tx, principal, self.services, **url_args)
+                    if key is None:
+                        data = self._handle(tx, endpoint, principal, arguments)
+                    else:
+                        replay = idempotency.begin(
+                            tx,
+                            principal.account_id,
+                            key,
+                            idempotency.fingerprint(request.method, request.path, given.document),
+                            now,
+                            self.settings.idempotency_ttl_seconds,
+                        )
             except (ServiceError, HTTPException) as exc:
                 refusal = exc
         if refusal is not None:
             raise refusal
+        if key is not None:
+            if replay is not None:
+                return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
+            data = self._handle_once(endpoint, principal, arguments, key)
         if endpoint.wakes_delivery:
             self.delivery.wake()
-        return Response(json.dumps(data), status=endpoint.status, content_type="application/json")
+        return _json_response(json.dumps(data), endpoint.status)
 
-    def _read_body(self, request: Request, endpoint: Endpoint) -> Any:
-        """The parsed body, or the error to answer with once the caller is known."""
-        if endpoint.schema is None:
-            return None
+    def _handle(
+        self, tx: Transaction, endpoint: Endpoint, principal: Principal, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        return endpoint.handler(tx, principal, self.services, **arguments)
+
+    def _handle_once(
+        self, endpoint: Endpoint, principal: Principal, arguments: dict[str, Any], key: str
+    ) -> dict[str, Any]:
+        """Run a request that claimed an idempotency key, and keep its answer with the key;
+        a refused or failed request gives the key back."""
+        account_id = principal.account_id
+        refusal: Refusal | None = None
+        stored = False
         try:
-            if request.mimetype != "application/json":
-                raise UnsupportedMediaType("Content-Type: must be application/json")
-            try:
-                raw = request.get_data(cache=False)
-            except RequestEntityTooLarge:
-                raise BodyTooLarge(
-                    f"body: larger than {self.settings.max_body_bytes} bytes"
-                ) from None
-            document = _decode_json(raw)
-            if not isinstance(document, dict):
-                raise ValidationFailed("body: must be a JSON object")
-            # A null optional field means the field is absent, as most JSON clients send it.
-            document = {key: value for key, value in document.items() if value is not None}
-            self.schemas.validate(endpoint.schema, document)
-            return endpoint.parse(document) if endpoint.parse else document
-        except ServiceError as exc:
-            return exc
+            with self.db.transaction() as tx:
+                try:
+                    with tx.savepoint():
+                        data = self._handle(tx, endpoint, principal, arguments)
+                except (ServiceError, HTTPException) as exc:
+                    refusal = exc
+                    tx.forget_idempotent(account_id, key)
+                else:
+                    tx.finish_idempotent(account_id, key, endpoint.status, json.dumps(data))
+                    stored = True
+        finally:
+            if not stored and refusal is None:  # an unexpected error: give the key back too
+                with self.db.transaction() as tx:
+                    tx.forget_idempotent(account_id, key)
+        if refusal is not None:
+            raise refusal
+        return data
 
 
-def _decode_json(raw: bytes) -> Any:
-    if not raw:
-        raise ValidationFailed("body: must be a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValidationFailed("body: not valid UTF-8") from None
-    try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise ValidationFailed(
-            f"body: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
-        ) from None
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValidationFailed(f"body: {name} is not valid JSON")
+def _json_response(body: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(body, status=status, headers=headers, content_type="application/json")
 
 
 def create_app(

@@ -1,4 +1,4 @@
-"""The email endpoints: parse a send request, accept it into the queue, show an email.
+"""The email endpoints: parse a send request, accept it into the queue, show and list emails.
 
 Handlers are pure: they take validated input, the open store transaction and the caller, and
 return data or raise a service error. Only the dispatcher in :mod:`mailsvc.app` touches HTTP.
@@ -7,8 +7,8 @@ return data or raise a service error. Only the dispatcher in :mod:`mailsvc.app` 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from . import statuses
@@ -16,8 +16,11 @@ from .addresses import Mailbox, parse_address, parse_mailbox
 from .auth import Principal
 from .errors import DomainNotVerified, InsufficientCredit, NotFound, ValidationFailed
 from .ids import new_id
+from .paging import DEFAULT_LIMIT, decode_cursor, page
+from .rendering import render
 from .services import Services
-from .store import EmailRecord, NewEmail, Transaction
+from .store import EmailFilter, EmailRecord, Event, NewEmail, Transaction
+from .timestamps import iso_time, parse_iso_time
 
 
 @dataclass(frozen=True)
@@ -68,10 +71,9 @@ def send_email(
     domain = body.sender.address.rpartition("@")[2]
     if not tx.is_domain_verified(account_id, domain):
         raise DomainNotVerified(f"from: sender domain {domain} is not verified for this account")
-    html, text = body.html, body.text
+    subject, html, text = body.subject, body.html, body.text
     if body.template_id is not None:
-        # Templates arrive with a later issue; until then no template id exists.
-        raise ValidationFailed(f"templateId: template {body.template_id} not found")
+        subject, html, text = _render_template(tx, account_id, body)
     cost = len(body.recipients) * services.settings.credits_per_recipient
     if cost and tx.debit_credits(account_id, cost) is None:
         account = tx.get_account(account_id)
@@ -85,7 +87,7 @@ def send_email(
             sender_name=body.sender.name,
             sender_address=body.sender.address,
             recipients=body.recipients,
-            subject=body.subject,
+            subject=subject,
             html=html,
             text=text,
             reply_to=body.reply_to,
@@ -108,11 +110,59 @@ def get_email(
     record = tx.get_email(principal.account_id, email_id)
     if record is None:
         raise NotFound(f"email {email_id}: not found")
-    return present_email(record)
+    return present_email(record, tx.email_events([record.seq])[record.seq])
 
 
-def present_email(record: EmailRecord) -> dict[str, Any]:
-    """The email object of the API."""
+def parse_list_query(query: dict[str, str]) -> dict[str, Any]:
+    """Typed filters from schema-valid query parameters. No I/O.
+
+    :raises ValidationFailed: naming the parameter that does not parse.
+    """
+    return {
+        "limit": int(query.get("limit", DEFAULT_LIMIT)),
+        "before": decode_cursor(query.get("cursor")),
+        "where": EmailFilter(
+            status=query.get("status"),
+            recipient=parse_address(query["to"], "to") if "to" in query else None,
+            sender=parse_address(query["from"], "from") if "from" in query else None,
+            since=parse_iso_time(query["since"], "since") if "since" in query else None,
+            until=parse_iso_time(query["until"], "until") if "until" in query else None,
+        ),
+    }
+
+
+def list_emails(
+    tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
+) -> dict[str, Any]:
+    """The caller's emails, newest first, a page at a time."""
+    limit = query["limit"]
+    rows = tx.list_emails(principal.account_id, query["where"], query["before"], limit + 1)
+
+    def present_all(records: Sequence[EmailRecord]) -> list[dict[str, Any]]:
+        events = tx.email_events([record.seq for record in records])
+        return [present_email(record, events[record.seq]) for record in records]
+
+    return page(rows, limit, lambda record: record.seq, present_all)
+
+
+def _render_template(
+    tx: Transaction, account_id: str, body: SendRequest
+) -> tuple[str, str | None, str | None]:
+    """The subject, html and text of the request's template, rendered with its variables."""
+    template = tx.get_template(account_id, body.template_id or "")
+    if template is None:
+        raise ValidationFailed(f"templateId: template {body.template_id} not found")
+    rendered = render(template.subject, template.html, template.text, body.variables or {})
+    subject = rendered.subject if rendered.subject is not None else body.subject
+    if any(character in subject for character in "\r\n\x00"):
+        raise ValidationFailed("subject: the rendered subject must not contain CR, LF or NUL")
+    if len(subject) > 255:
+        raise ValidationFailed("subject: the rendered subject is over 255 characters")
+    return subject, rendered.html, rendered.text
+
+
+def present_email(record: EmailRecord, events: Sequence[Event]) -> dict[str, Any]:
+    """The email object of the API, with its timeline."""
     sender = str(Mailbox(record.sender_name, record.sender_address))
     return {
         "id": record.id,
@@ -129,6 +179,7 @@ def present_email(record: EmailRecord) -> dict[str, Any]:
         "nextAttemptAt": iso_time(record.due_at)
         if record.status in (statuses.QUEUED, statuses.DEFERRED)
         else None,
+        "events": [present_event(event) for event in events],
         "recipients": [
             {
                 "address": r.address,
@@ -142,9 +193,8 @@ def present_email(record: EmailRecord) -> dict[str, Any]:
     }
 
 
-def iso_time(timestamp: float | None) -> str | None:
-    """ISO 8601 in UTC with milliseconds (``2026-11-21T09:02:10.123Z``)."""
-    if timestamp is None:
-        return None
-    moment = datetime.fromtimestamp(timestamp, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def present_event(event: Event) -> dict[str, Any]:
+    shown: dict[str, Any] = {"type": event.type, "at": iso_time(event.at)}
+    for name, value in (event.detail or {}).items():
+        shown[name] = iso_time(value) if name.endswith("At") else value
+    return shown

@@ -57,6 +57,18 @@ class NotFound(ServiceError):
     status = 404
 
 
+class IdempotencyConflict(ServiceError):
+    """The first request with this idempotency key is still running."""
+
+    status = 409
+
+
+class IdempotencyMismatch(ServiceError):
+    """The idempotency key was used before with another request."""
+
+    status = 422
+
+
 class BodyTooLarge(ServiceError):
     status = 413
 

@@ -114,6 +114,12 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting("dkim_key_bits", 2048, "Size of the RSA DKIM key made for a new domain.", _dkim_bits),
+    Setting(
+        "idempotency_ttl_seconds",
+        86400.0,
+        "How long the answer to a request with an `Idempotency-Key` is kept for replay.",
+        _positive_float,
+    ),
     Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
     Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),

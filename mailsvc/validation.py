@@ -16,6 +16,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from referencing import Registry, Resource
 
 from .errors import ValidationFailed
 
@@ -33,12 +34,19 @@ class Schemas:
     """Every schema in the ``mailsvc.schemas`` package, compiled, by file stem."""
 
     def __init__(self) -> None:
+        schemas = {
+            entry.name.removesuffix(".json"): json.loads(entry.read_text())
+            for entry in _schema_folder().iterdir()
+            if entry.name.endswith(".json")
+        }
+        # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
+        registry: Registry[Any] = Registry().with_resources(
+            (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
+        )
         self._validators: dict[str, Draft202012Validator] = {}
-        for entry in _schema_folder().iterdir():
-            if entry.name.endswith(".json"):
-                schema = json.loads(entry.read_text())
-                Draft202012Validator.check_schema(schema)
-                self._validators[entry.name.removesuffix(".json")] = Draft202012Validator(schema)
+        for name, schema in schemas.items():
+            Draft202012Validator.check_schema(schema)
+            self._validators[name] = Draft202012Validator(schema, registry=registry)
 
     def validate(self, name: str, instance: Any) -> None:
         """Check ``instance`` against schema ``name``.

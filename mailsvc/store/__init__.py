@@ -1,7 +1,18 @@
 """The store: the only code that writes SQL. It is also the queue."""
 
 from .db import Database
-from .records import Account, ApiKey, Domain, EmailRecord, NewEmail, Recipient
+from .records import (
+    Account,
+    ApiKey,
+    Domain,
+    EmailFilter,
+    EmailRecord,
+    Event,
+    IdempotentRequest,
+    NewEmail,
+    Recipient,
+    Template,
+)
 from .transaction import DomainTaken, Transaction
 
 __all__ = [
@@ -10,8 +21,12 @@ __all__ = [
     "Database",
     "Domain",
     "DomainTaken",
+    "EmailFilter",
     "EmailRecord",
+    "Event",
+    "IdempotentRequest",
     "NewEmail",
     "Recipient",
+    "Template",
     "Transaction",
 ]

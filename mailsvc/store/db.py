@@ -36,10 +36,18 @@ class Database:
         self._migrate_lock = threading.Lock()
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
-        """A write transaction: commits when the block ends, rolls back if it raises."""
+    def transaction(self, durable: bool = True) -> Iterator[Transaction]:
+        """A write transaction: commits when the block ends, rolls back if it raises.
+
+        :param durable: the commit is on disk when it returns (``synchronous`` as configured).
+            When False it may be lost on power failure, but not by a crash of the process; a
+            later durable commit makes it durable too (the WAL is synced as a whole). For
+            writes that matter only while the process lives: rate-limit buckets, claims.
+        """
         connection, lock_fd = self._connection()
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        if not durable:
+            connection.execute("PRAGMA synchronous = NORMAL")
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -49,6 +57,8 @@ class Database:
                 raise
             connection.execute("COMMIT")
         finally:
+            if not durable:
+                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
     def close(self) -> None:

@@ -11,12 +11,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 
 from .. import statuses
+from .history import EMAIL_COLUMNS, add_event, with_recipients
 from .records import EmailRecord, NewEmail, Recipient
-
-_EMAIL_COLUMNS = (
-    "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
-    "template_id, message_id, created_at, sent_at, last_error, attempts, due_at"
-)
 
 
 class QueueVerbs:
@@ -51,14 +47,16 @@ class QueueVerbs:
                 for position, address in enumerate(email.recipients)
             ],
         )
+        assert cursor.lastrowid is not None
+        add_event(self.connection, cursor.lastrowid, email.created_at, statuses.QUEUED)
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
         """The account's email with this id; None for an unknown id or another account's."""
         row = self.connection.execute(
-            f"SELECT {_EMAIL_COLUMNS} FROM emails WHERE id = ? AND account_id = ?",
+            f"SELECT {EMAIL_COLUMNS} FROM emails WHERE id = ? AND account_id = ?",
             (email_id, account_id),
         ).fetchone()
-        return self._with_recipients([row])[0] if row else None
+        return with_recipients(self.connection, [row])[0] if row else None
 
     def claim_due(
         self, owner: str, now: float, lease_seconds: float, limit: int = 1
@@ -67,10 +65,10 @@ class QueueVerbs:
         rows = self.connection.execute(
             f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
             f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ? ORDER BY due_at LIMIT ?) "
-            f"RETURNING {_EMAIL_COLUMNS}",
+            f"RETURNING {EMAIL_COLUMNS}",
             (statuses.SENDING, owner, now + lease_seconds, now, limit),
         ).fetchall()
-        return self._with_recipients(rows)
+        return with_recipients(self.connection, rows)
 
     def finish_attempt(
         self,
@@ -82,7 +80,8 @@ class QueueVerbs:
         due_at: float | None,
         last_error: str | None,
     ) -> bool:
-        """Record an attempt's outcome, if ``owner`` still holds the lease.
+        """Record an attempt's outcome, if ``owner`` still holds the lease, and add the events
+        ``attempt`` (with each recipient's reply) and the new status to the email's timeline.
 
         :param recipients: ``(position, outcome)`` of each recipient the attempt tried.
         :param due_at: when to try again; None when the email is final.
@@ -91,7 +90,7 @@ class QueueVerbs:
         cursor = self.connection.execute(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
             "sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
-            "WHERE seq = ? AND lease_owner = ?",
+            "WHERE seq = ? AND lease_owner = ? RETURNING attempts",
             (
                 status,
                 due_at,
@@ -104,8 +103,10 @@ class QueueVerbs:
                 owner,
             ),
         )
-        if cursor.rowcount != 1:
+        row = cursor.fetchone()
+        if row is None:
             return False
+        recipients = list(recipients)
         self.connection.executemany(
             "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
             "WHERE email_seq = ? AND position = ?",
@@ -114,6 +115,18 @@ class QueueVerbs:
                 for position, r in recipients
             ],
         )
+        replies = [
+            {
+                "address": r.address,
+                "status": r.status,
+                "smtpCode": r.smtp_code,
+                "enhancedCode": r.enhanced_code,
+                "reply": r.reply,
+            }
+            for _, r in recipients
+        ]
+        add_event(self.connection, seq, now, "attempt", {"attempt": row[0], "recipients": replies})
+        add_event(self.connection, seq, now, status, {"nextAttemptAt": due_at} if due_at else None)
         return True
 
     def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
@@ -128,19 +141,3 @@ class QueueVerbs:
             (now, statuses.DEFERRED, statuses.QUEUED, owner, *seqs),
         )
         return cursor.rowcount
-
-    def _with_recipients(self, rows: list[sqlite3.Row]) -> list[EmailRecord]:
-        if not rows:
-            return []
-        marks = ",".join("?" * len(rows))
-        by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
-        for recipient in self.connection.execute(
-            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
-            f"FROM recipients WHERE email_seq IN ({marks}) ORDER BY email_seq, position",
-            [row[0] for row in rows],
-        ):
-            by_email[recipient[0]].append(Recipient(*recipient[1:]))
-        return [
-            EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
-            for row in rows
-        ]

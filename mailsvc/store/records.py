@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..signing import SigningKey
 
@@ -82,3 +83,43 @@ class EmailRecord:
     #: The next attempt while queued or deferred; the end of the lease while sending.
     due_at: float | None
     recipients: tuple[Recipient, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    type: str
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class EmailFilter:
+    """What ``list_emails`` narrows to; None means any."""
+
+    status: str | None = None
+    recipient: str | None = None
+    sender: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    seq: int
+    id: str
+    account_id: str
+    name: str
+    subject: str | None
+    html: str | None
+    text: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class IdempotentRequest:
+    fingerprint: str
+    created_at: float
+    in_flight_until: float | None
+    response_status: int | None
+    response_body: str | None

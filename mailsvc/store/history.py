@@ -1,0 +1,91 @@
+"""Store verbs for reading emails back: the timeline of each, and the filtered list."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from .records import EmailFilter, EmailRecord, Event, Recipient
+
+EMAIL_COLUMNS = (
+    "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
+    "template_id, message_id, created_at, sent_at, last_error, attempts, due_at"
+)
+
+
+def add_event(
+    connection: sqlite3.Connection,
+    email_seq: int,
+    at: float,
+    type: str,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    connection.execute(
+        "INSERT INTO events (email_seq, at, type, detail) VALUES (?, ?, ?, ?)",
+        (email_seq, at, type, json.dumps(detail) if detail is not None else None),
+    )
+
+
+def with_recipients(connection: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[EmailRecord]:
+    """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order."""
+    if not rows:
+        return []
+    marks = ",".join("?" * len(rows))
+    by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
+    for recipient in connection.execute(
+        f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
+        f"FROM recipients WHERE email_seq IN ({marks}) ORDER BY email_seq, position",
+        [row[0] for row in rows],
+    ):
+        by_email[recipient[0]].append(Recipient(*recipient[1:]))
+    return [
+        EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
+        for row in rows
+    ]
+
+
+class HistoryVerbs:
+    connection: sqlite3.Connection
+
+    def email_events(self, seqs: Sequence[int]) -> dict[int, list[Event]]:
+        """The timeline of each email, oldest first."""
+        events: dict[int, list[Event]] = {seq: [] for seq in seqs}
+        if not seqs:
+            return events
+        marks = ",".join("?" * len(seqs))
+        for seq, at, type, detail in self.connection.execute(
+            f"SELECT email_seq, at, type, detail FROM events WHERE email_seq IN ({marks}) "
+            f"ORDER BY email_seq, rowid",
+            list(seqs),
+        ):
+            events[seq].append(Event(at, type, json.loads(detail) if detail else None))
+        return events
+
+    def list_emails(
+        self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
+    ) -> list[EmailRecord]:
+        """The account's emails, newest first, older than ``before_seq`` (a page's end)."""
+        clauses, values = ["account_id = ?"], [account_id]
+        conditions: list[tuple[str, Any]] = [
+            ("seq < ?", before_seq),
+            ("status = ?", where.status),
+            ("sender_address = ?", where.sender),
+            ("created_at >= ?", where.since),
+            ("created_at < ?", where.until),
+            (
+                "EXISTS (SELECT 1 FROM recipients WHERE email_seq = emails.seq AND address = ?)",
+                where.recipient,
+            ),
+        ]
+        for clause, value in conditions:
+            if value is not None:
+                clauses.append(clause)
+                values.append(value)
+        rows = self.connection.execute(
+            f"SELECT {EMAIL_COLUMNS} FROM emails WHERE {' AND '.join(clauses)} "
+            f"ORDER BY seq DESC LIMIT ?",
+            (*values, limit),
+        ).fetchall()
+        return with_recipients(self.connection, rows)
