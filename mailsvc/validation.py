@@ -86,18 +86,20 @@ def describe(error: ValidationError) -> str:
     field = _field(error.absolute_path)
     keyword = str(error.validator)
     custom = error.schema.get("x-messages", {}) if isinstance(error.schema, Mapping) else {}
-    if keyword in custom:
-        text = custom[keyword]
-        # At the top level there is no field to name: the schema's text names it.
-        return f"{field}: {text}" if field else text
     if keyword == "required":
         missing = [name for name in error.validator_value if name not in error.instance]
-        return f"{_join(field, missing[0])}: is required"
-    if keyword == "additionalProperties":
+        field, rule = _join(field, missing[0]), "is required"
+    elif keyword == "additionalProperties":
         known = set(error.schema.get("properties", {}))
         unknown = sorted(name for name in error.instance if name not in known)
-        return f"{_join(field, unknown[0])}: unknown field"
-    return f"{field or 'body'}: {_rule(keyword, error.validator_value)}"
+        field, rule = _join(field, unknown[0]), "unknown field"
+    else:
+        rule = _rule(keyword, error.validator_value)
+    if keyword in custom:
+        rule = custom[keyword]
+        if not field:  # at the top level there is no field to name: the schema's text names it
+            return rule
+    return f"{field or 'body'}: {rule}"
 
 
 def _rule(keyword: str, value: Any) -> str:

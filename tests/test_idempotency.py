@@ -1,0 +1,118 @@
+"""Idempotency-Key: a retried POST gets the first answer and never queues or charges again."""
+
+from __future__ import annotations
+
+import pytest
+
+from mailsvc import idempotency
+
+from .conftest import assert_error, count_by_status, email_body, make_tenant
+from .servers import Gunicorn
+
+
+def send(client, tenant, key, **fields):
+    headers = {**tenant.headers, "Idempotency-Key": key}
+    return client.post("/v1/emails", json=email_body(**fields), headers=headers)
+
+
+def balance(app, tenant):
+    with app.db.transaction() as tx:
+        return tx.get_account(tenant.id).credits
+
+
+def test_same_key_same_body_replays_the_first_answer(client, app):
+    tenant = make_tenant(app, credits=10)
+    first = send(client, tenant, "order-42")
+    second = send(client, tenant, "order-42")
+    assert first.status_code == second.status_code == 200
+    assert first.get_json() == second.get_json()
+    assert "Idempotent-Replayed" not in first.headers
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert count_by_status(app.db) == {"queued": 1}
+    assert balance(app, tenant) == 9
+
+
+def test_key_order_and_spacing_of_the_body_do_not_matter(client, tenant):
+    headers = {**tenant.headers, "Idempotency-Key": "k", "Content-Type": "application/json"}
+    body = email_body()
+    import json
+
+    first = client.post("/v1/emails", data=json.dumps(body), headers=headers)
+    again = client.post(
+        "/v1/emails", data=json.dumps(dict(reversed(body.items())), indent=2), headers=headers
+    )
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.get_json() == first.get_json()
+
+
+def test_same_key_other_body_is_422(client, tenant, app):
+    send(client, tenant, "k1")
+    assert_error(send(client, tenant, "k1", subject="Other"), 422, "Idempotency-Key: already used")
+    assert count_by_status(app.db) == {"queued": 1}
+
+
+def test_key_still_in_flight_is_409_until_abandoned(client, tenant, app, clock):
+    fingerprint = idempotency.fingerprint("POST", "/v1/emails", email_body())
+    with app.db.transaction() as tx:  # a first request, running on another worker
+        tx.start_idempotent(tenant.id, "k2", fingerprint, clock(), clock() + 60)
+    assert_error(send(client, tenant, "k2"), 409, "still in progress")
+    assert count_by_status(app.db) == {}
+    clock.advance(61)  # the first request's process died: its claim is taken over
+    response = send(client, tenant, "k2")
+    assert response.status_code == 200 and "Idempotent-Replayed" not in response.headers
+
+
+def test_a_refused_request_gives_the_key_back(client, tenant, app):
+    assert_error(send(client, tenant, "k3", from_="x@unverified.test"), 400)
+    fixed = send(client, tenant, "k3")  # same key, corrected body
+    assert fixed.status_code == 200 and "Idempotent-Replayed" not in fixed.headers
+
+
+def test_keys_belong_to_an_account(client, tenant, app):
+    other = make_tenant(app, domain="other.test")
+    mine = send(client, tenant, "shared").get_json()["id"]
+    theirs = send(client, other, "shared", from_="x@other.test").get_json()["id"]
+    assert mine != theirs
+
+
+def test_answers_expire_after_the_ttl(client, tenant, app, clock):
+    first = send(client, tenant, "k4").get_json()["id"]
+    clock.advance(86401)
+    again = send(client, tenant, "k4")
+    assert again.get_json()["id"] != first and "Idempotent-Replayed" not in again.headers
+    assert count_by_status(app.db) == {"queued": 2}
+
+
+@pytest.mark.parametrize("key", ["", " ", "x" * 256])
+def test_bad_keys_are_refused(client, tenant, key):
+    assert_error(send(client, tenant, key), 400, "Idempotency-Key: must be 1 to 255 characters")
+
+
+def test_every_post_accepts_a_key(client, tenant):
+    headers = {**tenant.headers, "Idempotency-Key": "tpl-1"}
+    body = {"name": "n", "text": "Hi"}
+    first = client.post("/v1/templates", json=body, headers=headers)
+    again = client.post("/v1/templates", json=body, headers=headers)
+    assert first.status_code == again.status_code == 201
+    assert again.get_json()["id"] == first.get_json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert len(client.get("/v1/templates", headers=tenant.headers).get_json()["data"]) == 1
+
+
+@pytest.mark.slow
+def test_concurrent_retries_on_several_workers_queue_once(served_tenant, sink):
+    path, db, account_id, headers = served_tenant
+    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}).start()
+    try:
+        keyed = {**headers, "Idempotency-Key": "checkout-7"}
+        results = server.many([("POST", "/v1/emails", email_body(), keyed)] * 40, concurrency=20)
+    finally:
+        server.stop()
+    statuses = sorted({status for status, _ in results})
+    assert set(statuses) <= {200, 409}, statuses
+    ids = {body["id"] for status, body in results if status == 200}
+    assert len(ids) == 1
+    assert sum(1 for status, _ in results if status == 200) >= 2  # replays happened
+    assert sum(count_by_status(db).values()) == 1
+    with db.transaction() as tx:
+        assert tx.get_account(account_id).credits == 100_000 - 1
