@@ -6,16 +6,19 @@ Used by the CLI; each takes the store and returns the data to show. Each raises
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
 from .addresses import normalise_domain
 from .auth import SCOPES, issue_key
+from .domains import check_domain
 from .errors import ValidationFailed
 from .ids import new_id
 from .ratelimit import ROUTE_GROUPS
+from .services import Services
 from .signing import dns_record, new_signing_key
-from .store import Database, DomainTaken
+from .store import Database, Domain, DomainTaken
 
 
 class OperatorError(Exception):
@@ -66,7 +69,15 @@ def add_domain(
     with db.transaction() as tx:
         _require_account(tx, account_id)
         try:
-            tx.add_domain(new_id("dom"), account_id, name, verified, signing_key, time.time())
+            tx.add_domain(
+                new_id("dom"),
+                account_id,
+                name,
+                verified,
+                signing_key,
+                time.time(),
+                secrets.token_hex(16),
+            )
         except DomainTaken:
             raise OperatorError(f"domain {name}: already verified by another account") from None
         verified_now = tx.is_domain_verified(account_id, name)
@@ -78,6 +89,28 @@ def show_domain(db: Database, domain: str, account_id: str | None = None) -> dic
 
     Without ``account_id``: the account that verified it, else the only one that added it.
     """
+    entry = _one_domain(db, domain, account_id)
+    return {
+        "domain": entry.name,
+        "id": entry.id,
+        "account": entry.account_id,
+        "verified": entry.verified,
+        "dkim": dns_record(entry.name, entry.signing_key) if entry.signing_key else None,
+    }
+
+
+def verify_domain(
+    db: Database, services: Services, domain: str, account_id: str | None = None
+) -> dict[str, Any]:
+    """Check the domain's records in DNS now, as ``POST /v1/domains/{id}/verify`` does."""
+    entry = _one_domain(db, domain, account_id)
+    try:
+        return check_domain(db, services, entry.account_id, entry.id)
+    except ValidationFailed as exc:
+        raise OperatorError(exc.message) from None
+
+
+def _one_domain(db: Database, domain: str, account_id: str | None) -> Domain:
     name = _domain_name(domain)
     with db.transaction() as tx:
         found = [d for d in tx.find_domains(name) if account_id in (None, d.account_id)]
@@ -85,13 +118,7 @@ def show_domain(db: Database, domain: str, account_id: str | None = None) -> dic
         raise OperatorError(f"domain {name}: not found")
     if len(found) > 1 and not found[0].verified:
         raise OperatorError(f"domain {name}: added by several accounts; give --account")
-    entry = found[0]
-    return {
-        "domain": entry.name,
-        "account": entry.account_id,
-        "verified": entry.verified,
-        "dkim": dns_record(entry.name, entry.signing_key) if entry.signing_key else None,
-    }
+    return found[0]
 
 
 def set_limit(db: Database, account_id: str, group: str, per_minute: int) -> dict[str, Any]:

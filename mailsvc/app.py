@@ -22,9 +22,8 @@ from .auth import Principal, authenticate, require_scope
 from .delivery import DeliveryPool
 from .errors import ServiceError, render_error
 from .inputs import read_input
-from .ratelimit import RateLimiter
 from .routes import URL_MAP, Endpoint
-from .services import Services
+from .services import build_services
 from .settings import Settings, load_settings
 from .store import Database, Transaction
 from .validation import Schemas
@@ -43,14 +42,8 @@ class MailService:
         self.settings = settings
         self.db = Database(settings.database, settings.sqlite_synchronous)
         self.schemas = Schemas()
-        self.services = Services(settings, clock)
-        self.limiter = RateLimiter(
-            {
-                "send": settings.rate_send_per_minute,
-                "list": settings.rate_list_per_minute,
-                "other": settings.rate_other_per_minute,
-            }
-        )
+        self.services = build_services(settings, clock)
+        self.limiter = self.services.limiter
         self.delivery = DeliveryPool(self.db, settings, clock)
 
     def start(self) -> None:
@@ -74,13 +67,13 @@ class MailService:
 
     def dispatch(self, request: Request) -> Response:
         endpoint, matched = URL_MAP.bind_to_environ(request.environ).match()
-        given = read_input(request, endpoint, self.schemas, self.settings.max_body_bytes)
+        given = read_input(request, endpoint, self.schemas, self.settings)
         arguments = {**matched, **given.arguments}
         key: str | None = None
         refusal: Refusal | None = None
         with self.db.transaction() as tx:
-            principal = authenticate(request.headers.get("Authorization"), tx)
             now = self.services.clock()
+            principal = authenticate(request.headers.get("Authorization"), tx, now)
             self.limiter.consume(tx, principal.account_id, endpoint.rate_group, now)
             try:
                 with tx.savepoint():
@@ -89,7 +82,9 @@ class MailService:
                     if request.method == "POST":  # the other methods are idempotent already
                         key = idempotency.check_key(request.headers.get(idempotency.HEADER))
                     require_scope(principal, endpoint.scopes)
-                    if key is None:
+                    if endpoint.own_transactions:
+                        key = None
+                    elif key is None:
                         data = self._handle(tx, endpoint, principal, arguments)
                     else:
                         replay = idempotency.begin(
@@ -104,7 +99,9 @@ class MailService:
                 refusal = exc
         if refusal is not None:
             raise refusal
-        if key is not None:
+        if endpoint.own_transactions:
+            data = endpoint.handler(self.db, principal, self.services, **arguments)
+        elif key is not None:
             if replay is not None:
                 return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
             data = self._handle_once(endpoint, principal, arguments, key)

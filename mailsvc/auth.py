@@ -32,6 +32,8 @@ class Principal:
     account_id: str
     key_id: str
     scope: str
+    #: The only sender domain the key may send from; None: any of the account's.
+    domain: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,13 @@ def issue_key() -> IssuedKey:
     return IssuedKey(key_id, f"ms_{key_id.removeprefix('key_')}_{secret}", _hash(secret))
 
 
-def authenticate(authorization: str | None, tx: Transaction) -> Principal:
-    """The principal an ``Authorization`` header names.
+def key_prefix(key_id: str) -> str:
+    """The start of a key's token, not secret, by which its owner can recognise it."""
+    return f"ms_{key_id.removeprefix('key_')[:8]}"
+
+
+def authenticate(authorization: str | None, tx: Transaction, now: float) -> Principal:
+    """The principal an ``Authorization`` header names; notes that its key was used.
 
     :raises NotAuthenticated: the header is missing, malformed, or names no live key.
     """
@@ -66,7 +73,8 @@ def authenticate(authorization: str | None, tx: Transaction) -> Principal:
         or not hmac.compare_digest(key.secret_hash, _hash(match.group(2)))
     ):
         raise NotAuthenticated("Authorization: unknown or revoked API key")
-    return Principal(key.account_id, key.id, key.scope)
+    tx.touch_api_key(key.id, now)
+    return Principal(key.account_id, key.id, key.scope, key.domain)
 
 
 def require_scope(principal: Principal, scopes: tuple[str, ...]) -> None:

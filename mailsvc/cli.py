@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import accounts
+from .services import build_services
 from .settings import SettingsError, load_settings
 from .store import Database
 
@@ -88,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("--account", help="the account, when several added the domain")
     sub.add_argument("domain", metavar="DOMAIN")
+    sub = command(
+        noun,
+        "verify",
+        lambda db, a: accounts.verify_domain(db, a.services, a.domain, a.account),
+        "look the domain's records up in DNS now (MAILSVC_DNS_SERVERS)",
+    )
+    sub.add_argument("--account", help="the account, when several added the domain")
+    sub.add_argument("domain", metavar="DOMAIN")
 
     noun = nouns.add_parser("limits", help="rate limits").add_subparsers(dest="verb", required=True)
     sub = command(
@@ -108,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         db = Database(settings.database, settings.sqlite_synchronous)
         arguments.key_bits = settings.dkim_key_bits
+        arguments.services = build_services(settings, time.time)
         result = arguments.action(db, arguments)
     except (accounts.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {exc}", file=sys.stderr)

@@ -14,11 +14,18 @@ from typing import Any
 from . import statuses
 from .addresses import Mailbox, parse_address, parse_mailbox
 from .auth import Principal
-from .errors import DomainNotVerified, InsufficientCredit, NotFound, ValidationFailed
+from .errors import (
+    DomainNotVerified,
+    Forbidden,
+    InsufficientCredit,
+    NotFound,
+    ValidationFailed,
+)
 from .ids import new_id
 from .paging import DEFAULT_LIMIT, decode_cursor, page
 from .rendering import render
 from .services import Services
+from .settings import Settings
 from .store import EmailFilter, EmailRecord, Event, NewEmail, Transaction
 from .timestamps import iso_time, parse_iso_time
 
@@ -37,7 +44,7 @@ class SendRequest:
     reply_to: str | None
 
 
-def parse_send_request(body: dict[str, Any]) -> SendRequest:
+def parse_send_request(body: dict[str, Any], settings: Settings | None = None) -> SendRequest:
     """Parse the addresses of a schema-valid body; no I/O.
 
     Recipients are de-duplicated (first occurrence kept), so nobody gets the mail twice and
@@ -69,6 +76,8 @@ def send_email(
     """Accept an email: check the sender domain and credit, debit, and queue it."""
     account_id = principal.account_id
     domain = body.sender.address.rpartition("@")[2]
+    if principal.domain is not None and domain != principal.domain:
+        raise Forbidden(f"from: this API key may only send from {principal.domain}")
     if not tx.is_domain_verified(account_id, domain):
         raise DomainNotVerified(f"from: sender domain {domain} is not verified for this account")
     subject, html, text = body.subject, body.html, body.text
@@ -113,7 +122,7 @@ def get_email(
     return present_email(record, tx.email_events([record.seq])[record.seq])
 
 
-def parse_list_query(query: dict[str, str]) -> dict[str, Any]:
+def parse_list_query(query: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
     """Typed filters from schema-valid query parameters. No I/O.
 
     :raises ValidationFailed: naming the parameter that does not parse.

@@ -57,6 +57,10 @@ class NotFound(ServiceError):
     status = 404
 
 
+class AlreadyExists(ServiceError):
+    status = 409
+
+
 class IdempotencyConflict(ServiceError):
     """The first request with this idempotency key is still running."""
 

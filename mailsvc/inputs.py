@@ -13,6 +13,7 @@ from werkzeug.wrappers import Request
 
 from .errors import BodyTooLarge, ServiceError, UnsupportedMediaType, ValidationFailed
 from .routes import Endpoint
+from .settings import Settings
 from .validation import Schemas
 
 
@@ -26,16 +27,16 @@ class Input:
     refusal: ServiceError | None = None
 
 
-def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, max_bytes: int) -> Input:
+def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings: Settings) -> Input:
     if endpoint.schema is None:
         return Input()
     try:
         from_query = request.method in ("GET", "HEAD")
-        document = _query(request) if from_query else _body(request, max_bytes)
+        document = _query(request) if from_query else _body(request, settings.max_body_bytes)
         # A null optional field means the field is absent, as most JSON clients send it.
         present = {key: value for key, value in document.items() if value is not None}
         schemas.validate(endpoint.schema, present)
-        value = endpoint.parse(present) if endpoint.parse else present
+        value = endpoint.parse(present, settings) if endpoint.parse else present
         return Input({"query" if from_query else "body": value}, document)
     except ServiceError as exc:
         return Input(refusal=exc)

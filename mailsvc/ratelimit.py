@@ -49,6 +49,13 @@ class RateLimiter:
     def __init__(self, defaults: Mapping[str, int]) -> None:
         self.defaults = dict(defaults)
 
+    def limits_for(self, tx: Transaction, account_id: str) -> dict[str, int]:
+        """Requests per minute by route group, the account's own where it has one."""
+        return {
+            group: tx.get_rate_limit(account_id, group) or default
+            for group, default in self.defaults.items()
+        }
+
     def consume(self, tx: Transaction, account_id: str, group: str, now: float) -> None:
         """Take a token from the account's bucket for ``group``.
 

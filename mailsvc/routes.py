@@ -8,9 +8,10 @@ from typing import Any
 
 from werkzeug.routing import Map, Rule
 
-from . import emails, templates
+from . import account, domains, emails, keys, templates
 from .auth import FULL, SENDING
 from .ratelimit import LIST, OTHER, SEND
+from .settings import Settings
 
 
 @dataclass(frozen=True)
@@ -18,16 +19,21 @@ class Endpoint:
     """A route's handler and what the dispatcher must check before calling it.
 
     :param schema: the JSON Schema (in ``schemas/``) of the body, or of the query for a GET.
-    :param parse: turns schema-valid input into what the handler takes; pure, may refuse.
+    :param parse: turns schema-valid input, with the settings, into what the handler takes;
+        no I/O, may refuse.
+    :param own_transactions: the handler takes the :class:`~mailsvc.store.Database` and opens
+        its own short transactions, for a route that waits on the network (DNS). It runs after
+        the checks commit, and an ``Idempotency-Key`` is not needed (nor kept) for it.
     """
 
     handler: Callable[..., dict[str, Any]]
     rate_group: str
     scopes: tuple[str, ...] = (FULL,)
     schema: str | None = None
-    parse: Callable[[dict[str, Any]], Any] | None = None
+    parse: Callable[[dict[str, Any], Settings], Any] | None = None
     status: int = 200
     wakes_delivery: bool = False
+    own_transactions: bool = False
 
 
 SEND_EMAIL = Endpoint(
@@ -57,6 +63,20 @@ UPDATE_TEMPLATE = Endpoint(
 DELETE_TEMPLATE = Endpoint(templates.delete_template, OTHER)
 RENDER_TEMPLATE = Endpoint(templates.render_template, OTHER, schema="render_template")
 
+CREATE_DOMAIN = Endpoint(
+    domains.create_domain, OTHER, schema="new_domain", parse=domains.parse_new_domain, status=201
+)
+LIST_DOMAINS = Endpoint(domains.list_domains, OTHER, schema="page_query")
+GET_DOMAIN = Endpoint(domains.get_domain, OTHER)
+DELETE_DOMAIN = Endpoint(domains.delete_domain, OTHER)
+VERIFY_DOMAIN = Endpoint(domains.verify_domain, OTHER, own_transactions=True)
+CREATE_KEY = Endpoint(
+    keys.create_api_key, OTHER, schema="new_api_key", parse=keys.parse_new_key, status=201
+)
+LIST_KEYS = Endpoint(keys.list_api_keys, OTHER, schema="page_query")
+REVOKE_KEY = Endpoint(keys.revoke_api_key, OTHER)
+GET_ACCOUNT = Endpoint(account.get_account, OTHER)
+
 URL_MAP = Map(
     [
         Rule("/v1/emails", methods=["POST"], endpoint=SEND_EMAIL),
@@ -68,5 +88,14 @@ URL_MAP = Map(
         Rule("/v1/templates/<template_id>", methods=["PUT"], endpoint=UPDATE_TEMPLATE),
         Rule("/v1/templates/<template_id>", methods=["DELETE"], endpoint=DELETE_TEMPLATE),
         Rule("/v1/templates/<template_id>/render", methods=["POST"], endpoint=RENDER_TEMPLATE),
+        Rule("/v1/domains", methods=["POST"], endpoint=CREATE_DOMAIN),
+        Rule("/v1/domains", methods=["GET"], endpoint=LIST_DOMAINS),
+        Rule("/v1/domains/<domain_id>", methods=["GET"], endpoint=GET_DOMAIN),
+        Rule("/v1/domains/<domain_id>", methods=["DELETE"], endpoint=DELETE_DOMAIN),
+        Rule("/v1/domains/<domain_id>/verify", methods=["POST"], endpoint=VERIFY_DOMAIN),
+        Rule("/v1/api-keys", methods=["POST"], endpoint=CREATE_KEY),
+        Rule("/v1/api-keys", methods=["GET"], endpoint=LIST_KEYS),
+        Rule("/v1/api-keys/<key_id>", methods=["DELETE"], endpoint=REVOKE_KEY),
+        Rule("/v1/account", methods=["GET"], endpoint=GET_ACCOUNT),
     ]
 )

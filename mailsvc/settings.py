@@ -113,6 +113,19 @@ SETTINGS: tuple[Setting, ...] = (
         "Age at which an email still failing temporarily is given up (`failed`).",
         _positive_float,
     ),
+    Setting(
+        "dns_servers",
+        "",
+        "Nameservers for domain checks, as `host` or `host:port`, comma-separated. "
+        "Empty: the system's.",
+    ),
+    Setting("dns_timeout_seconds", 3.0, "Time allowed for one DNS look-up.", _positive_float),
+    Setting(
+        "spf_record",
+        "v=spf1 mx ~all",
+        "The SPF record recommended to domains; it depends on the relay you send through.",
+    ),
+    Setting("dmarc_record", "v=DMARC1; p=none", "The DMARC record recommended to domains."),
     Setting("dkim_key_bits", 2048, "Size of the RSA DKIM key made for a new domain.", _dkim_bits),
     Setting(
         "idempotency_ttl_seconds",

@@ -11,11 +11,12 @@ from .ids import new_id
 from .paging import DEFAULT_LIMIT, decode_cursor, page
 from .rendering import check_syntax, render
 from .services import Services
+from .settings import Settings
 from .store import Template, Transaction
 from .timestamps import iso_time
 
 
-def parse_template(body: dict[str, Any]) -> dict[str, Any]:
+def parse_template(body: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
     """A schema-valid template body whose parts also compile. No I/O.
 
     :raises ValidationFailed: a part has a syntax error (the message gives its line).

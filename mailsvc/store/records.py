@@ -23,6 +23,12 @@ class ApiKey:
     secret_hash: bytes
     scope: str
     revoked: bool
+    name: str | None = None
+    #: The only sender domain the key may send from; None: any of the account's.
+    domain: str | None = None
+    created_at: float = 0.0
+    last_used_at: float | None = None
+    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class Domain:
     name: str
     verified: bool
     signing_key: SigningKey | None
+    verification_token: str | None = None
+    created_at: float = 0.0
+    verified_at: float | None = None
+    checked_at: float | None = None
+    #: The last DNS check, by record purpose: ``{"dkim": {"status": "found", ...}, ...}``.
+    checks: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,20 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .accounts import AccountVerbs, DomainTaken
+from .accounts import AccountVerbs
+from .domains import DomainTaken, DomainVerbs
 from .history import HistoryVerbs
 from .idempotency import IdempotencyVerbs
+from .keys import KeyVerbs
 from .queue import QueueVerbs
 from .templates import TemplateVerbs
 
 __all__ = ["DomainTaken", "Transaction"]
 
 
-class Transaction(AccountVerbs, QueueVerbs, HistoryVerbs, TemplateVerbs, IdempotencyVerbs):
+class Transaction(
+    AccountVerbs, KeyVerbs, DomainVerbs, QueueVerbs, HistoryVerbs, TemplateVerbs, IdempotencyVerbs
+):
     """The verbs of the store, bound to the connection of an open transaction."""
 
     def __init__(self, connection: sqlite3.Connection) -> None:

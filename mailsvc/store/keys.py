@@ -1,0 +1,81 @@
+"""Store verbs for API keys."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from .records import ApiKey
+
+_COLUMNS = (
+    "id, account_id, secret_hash, scope, revoked_at IS NOT NULL, name, domain, created_at, "
+    "last_used_at, rowid"
+)
+#: ``last_used_at`` is written at most this often, so a busy key does not add a write a request.
+LAST_USED_PRECISION_SECONDS = 60.0
+
+
+class KeyVerbs:
+    connection: sqlite3.Connection
+
+    def create_api_key(
+        self,
+        key_id: str,
+        account_id: str,
+        secret_hash: bytes,
+        scope: str,
+        now: float,
+        name: str | None = None,
+        domain: str | None = None,
+    ) -> ApiKey:
+        row = self.connection.execute(
+            f"INSERT INTO api_keys (id, account_id, secret_hash, scope, created_at, name, domain) "
+            f"VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}",
+            (key_id, account_id, secret_hash, scope, now, name, domain),
+        ).fetchone()
+        return _key(row)
+
+    def get_api_key(self, key_id: str) -> ApiKey | None:
+        row = self.connection.execute(
+            f"SELECT {_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)
+        ).fetchone()
+        return _key(row) if row else None
+
+    def list_api_keys(self, account_id: str, before_seq: int | None, limit: int) -> list[ApiKey]:
+        """The account's live keys, newest first."""
+        rows = self.connection.execute(
+            f"SELECT {_COLUMNS} FROM api_keys WHERE account_id = ? AND revoked_at IS NULL "
+            f"AND rowid < ? ORDER BY rowid DESC LIMIT ?",
+            (account_id, before_seq if before_seq is not None else 2**63 - 1, limit),
+        ).fetchall()
+        return [_key(row) for row in rows]
+
+    def revoke_api_key(self, key_id: str, now: float, account_id: str | None = None) -> bool:
+        """Revoke a key (only the account's own, when ``account_id`` is given)."""
+        cursor = self.connection.execute(
+            "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) "
+            "WHERE id = ? AND (? IS NULL OR account_id = ?)",
+            (now, key_id, account_id, account_id),
+        )
+        return cursor.rowcount == 1
+
+    def touch_api_key(self, key_id: str, now: float) -> None:
+        self.connection.execute(
+            "UPDATE api_keys SET last_used_at = ? WHERE id = ? "
+            "AND (last_used_at IS NULL OR last_used_at < ?)",
+            (now, key_id, now - LAST_USED_PRECISION_SECONDS),
+        )
+
+
+def _key(row: sqlite3.Row) -> ApiKey:
+    return ApiKey(
+        id=row[0],
+        account_id=row[1],
+        secret_hash=row[2],
+        scope=row[3],
+        revoked=bool(row[4]),
+        name=row[5],
+        domain=row[6],
+        created_at=row[7],
+        last_used_at=row[8],
+        seq=row[9],
+    )
