@@ -21,10 +21,13 @@ graceful_timeout = 30
 
 
 def post_worker_init(worker):
-    worker.wsgi.start()
+    # Another app (the benchmark's no-op floor) may run under this same configuration.
+    start = getattr(worker.wsgi, "start", None)
+    if start is not None:
+        start()
 
 
 def worker_exit(server, worker):
-    app = getattr(worker, "wsgi", None)
-    if app is not None and hasattr(app, "stop"):
-        app.stop(graceful=True, timeout=server.cfg.graceful_timeout - 1)
+    stop = getattr(getattr(worker, "wsgi", None), "stop", None)
+    if stop is not None:
+        stop(graceful=True, timeout=server.cfg.graceful_timeout - 1)
