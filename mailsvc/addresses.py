@@ -85,10 +85,13 @@ def normalise_domain(domain: str, field: str) -> str:
 
     :raises ValidationFailed: not a valid domain name of at least two labels.
     """
-    try:
-        ascii_domain = idna.encode(domain, uts46=True).decode("ascii")
-    except (idna.IDNAError, UnicodeError):
-        raise ValidationFailed(f"{field}: not a valid domain name") from None
+    if domain.isascii() and "xn--" not in domain.lower():
+        ascii_domain = domain.lower()  # nothing for IDNA to map: the labels are checked below
+    else:
+        try:
+            ascii_domain = idna.encode(domain, uts46=True).decode("ascii")
+        except (idna.IDNAError, UnicodeError):
+            raise ValidationFailed(f"{field}: not a valid domain name") from None
     labels = ascii_domain.split(".")
     if len(labels) < 2 or not all(_LABEL.fullmatch(label) for label in labels):
         raise ValidationFailed(f"{field}: not a valid domain name")

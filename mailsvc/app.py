@@ -1,10 +1,11 @@
 """The WSGI application: the dispatcher and ``create_app``.
 
 Every request goes through the same steps, in the order the checks must answer: route
-(404/405), input read (kept for later), then in one store transaction: API key (401), rate limit
-(429), input (400/413/415), key scope (403), idempotency (409/422, or the stored answer), and
-the handler (its own 400/402/404). The rate-limit token is committed even when a later step
-refuses the request; nothing else a refused request did is.
+(404/405), input read (kept for later), then as one job of the store's writer (one transaction,
+shared with other requests' jobs): API key (401), rate limit (429), input (400/413/415), key
+scope (403), idempotency (409/422, or the stored answer), and the handler (its own
+400/402/404). The rate-limit token is committed even when a later step refuses the request;
+nothing else a refused request did is.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from werkzeug.exceptions import HTTPException
@@ -21,7 +23,7 @@ from . import idempotency
 from .auth import Principal, authenticate, require_scope
 from .delivery import DeliveryPool
 from .errors import ServiceError, render_error
-from .inputs import read_input
+from .inputs import Input, read_input
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
@@ -69,50 +71,68 @@ class MailService:
         endpoint, matched = URL_MAP.bind_to_environ(request.environ).match()
         given = read_input(request, endpoint, self.schemas, self.settings)
         arguments = {**matched, **given.arguments}
-        key: str | None = None
-        refusal: Refusal | None = None
-        with self.db.transaction() as tx:
-            now = self.services.clock()
-            principal = authenticate(request.headers.get("Authorization"), tx, now)
-            self.limiter.consume(tx, principal.account_id, endpoint.rate_group, now)
-            try:
-                with tx.savepoint():
-                    if given.refusal is not None:
-                        raise given.refusal
-                    if request.method == "POST":  # the other methods are idempotent already
-                        key = idempotency.check_key(request.headers.get(idempotency.HEADER))
-                    require_scope(principal, endpoint.scopes)
-                    if endpoint.own_transactions:
-                        key = None
-                    elif key is None:
-                        data = self._handle(tx, endpoint, principal, arguments)
-                    else:
-                        replay = idempotency.begin(
-                            tx,
-                            principal.account_id,
-                            key,
-                            idempotency.fingerprint(request.method, request.path, given.document),
-                            now,
-                            self.settings.idempotency_ttl_seconds,
-                        )
-            except (ServiceError, HTTPException) as exc:
-                refusal = exc
-        if refusal is not None:
-            raise refusal
+        keyed = request.method == "POST" and not endpoint.own_transactions
+        idempotency_key = request.headers.get(idempotency.HEADER) if keyed else None
+
+        def check_and_handle(tx: Transaction) -> _Checked:
+            return self._check_and_handle(tx, request, endpoint, given, arguments, idempotency_key)
+
+        # A GET writes only its rate-limit token: that need not wait for the disk.
+        durable = request.method not in ("GET", "HEAD") and idempotency_key is None
+        checked = self.db.run(check_and_handle, durable=durable)
+        if checked.refusal is not None:
+            raise checked.refusal
         if endpoint.own_transactions:
-            data = endpoint.handler(self.db, principal, self.services, **arguments)
-        elif key is not None:
-            if replay is not None:
-                return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
-            data = self._handle_once(endpoint, principal, arguments, key)
+            data = endpoint.handler(self.db, checked.principal, self.services, **arguments)
+        elif checked.replay is not None:
+            replay = checked.replay
+            return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
+        elif checked.key is not None:
+            data = self._handle_once(endpoint, checked.principal, arguments, checked.key)
+        else:
+            data = checked.data
         if endpoint.wakes_delivery:
             self.delivery.wake()
         return _json_response(json.dumps(data), endpoint.status)
 
-    def _handle(
-        self, tx: Transaction, endpoint: Endpoint, principal: Principal, arguments: dict[str, Any]
-    ) -> dict[str, Any]:
-        return endpoint.handler(tx, principal, self.services, **arguments)
+    def _check_and_handle(
+        self,
+        tx: Transaction,
+        request: Request,
+        endpoint: Endpoint,
+        given: Input,
+        arguments: dict[str, Any],
+        idempotency_key: str | None,
+    ) -> _Checked:
+        """The checks in the spec's order, then the handler (or the idempotency claim); runs in
+        the writer. A refusal after the rate limit keeps the token and undoes everything else."""
+        now = self.services.clock()
+        principal = authenticate(request.headers.get("Authorization"), tx, now)
+        self.limiter.consume(tx, principal.account_id, endpoint.rate_group, now)
+        checked = _Checked(principal)
+        try:
+            with tx.savepoint():
+                if given.refusal is not None:
+                    raise given.refusal
+                key = idempotency.check_key(idempotency_key)
+                require_scope(principal, endpoint.scopes)
+                if endpoint.own_transactions:
+                    return checked
+                if key is None:
+                    checked.data = endpoint.handler(tx, principal, self.services, **arguments)
+                else:
+                    checked.key = key
+                    checked.replay = idempotency.begin(
+                        tx,
+                        principal.account_id,
+                        key,
+                        idempotency.fingerprint(request.method, request.path, given.document),
+                        now,
+                        self.settings.idempotency_ttl_seconds,
+                    )
+        except (ServiceError, HTTPException) as exc:
+            checked.refusal, checked.key = exc, None
+        return checked
 
     def _handle_once(
         self, endpoint: Endpoint, principal: Principal, arguments: dict[str, Any], key: str
@@ -120,26 +140,36 @@ class MailService:
         """Run a request that claimed an idempotency key, and keep its answer with the key;
         a refused or failed request gives the key back."""
         account_id = principal.account_id
-        refusal: Refusal | None = None
-        stored = False
+
+        def attempt(tx: Transaction) -> dict[str, Any] | Refusal:
+            try:
+                with tx.savepoint():
+                    data = endpoint.handler(tx, principal, self.services, **arguments)
+            except (ServiceError, HTTPException) as exc:
+                tx.forget_idempotent(account_id, key)
+                return exc
+            tx.finish_idempotent(account_id, key, endpoint.status, json.dumps(data))
+            return data
+
         try:
-            with self.db.transaction() as tx:
-                try:
-                    with tx.savepoint():
-                        data = self._handle(tx, endpoint, principal, arguments)
-                except (ServiceError, HTTPException) as exc:
-                    refusal = exc
-                    tx.forget_idempotent(account_id, key)
-                else:
-                    tx.finish_idempotent(account_id, key, endpoint.status, json.dumps(data))
-                    stored = True
-        finally:
-            if not stored and refusal is None:  # an unexpected error: give the key back too
-                with self.db.transaction() as tx:
-                    tx.forget_idempotent(account_id, key)
-        if refusal is not None:
-            raise refusal
-        return data
+            outcome = self.db.run(attempt)
+        except Exception:  # an unexpected error: give the key back too
+            self.db.run(lambda tx: tx.forget_idempotent(account_id, key))
+            raise
+        if isinstance(outcome, ServiceError | HTTPException):
+            raise outcome
+        return outcome
+
+
+@dataclass
+class _Checked:
+    """What the checks of a request found, and the handler's answer when it ran with them."""
+
+    principal: Principal
+    data: dict[str, Any] | None = None
+    refusal: Refusal | None = None
+    key: str | None = None
+    replay: idempotency.Replay | None = None
 
 
 def _json_response(body: str, status: int, headers: dict[str, str] | None = None) -> Response:

@@ -12,10 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dns.exception
-import dns.nameserver
-import dns.resolver
-
 from .settings import SettingsError
 from .signing import SigningKey, dns_record
 
@@ -95,6 +91,11 @@ class DnsChecker:
         self.nameservers = parse_servers(servers)
 
     def txt(self, name: str) -> Lookup:
+        # dnspython is imported on first use: only domain checks need it, and it is not small.
+        import dns.exception
+        import dns.nameserver
+        import dns.resolver
+
         resolver = dns.resolver.Resolver(configure=not self.nameservers)
         if self.nameservers:
             resolver.nameservers = [
@@ -143,7 +144,7 @@ def _dkim_key(value: str) -> str | None:
     return re.sub(r"\s+", "", tags["p"])
 
 
-def _no_nameservers(exc: dns.resolver.NoNameservers) -> str:
+def _no_nameservers(exc: Exception) -> str:
     errors: Sequence[Any] = exc.kwargs.get("errors", []) if hasattr(exc, "kwargs") else []
     answers = [str(error[3]) for error in errors if len(error) > 3 and error[3] is not None]
     text = " ".join(answers)

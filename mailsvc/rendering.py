@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
-
-from jinja2 import StrictUndefined, TemplateSyntaxError, meta, nodes
-from jinja2.sandbox import SandboxedEnvironment
+from typing import TYPE_CHECKING, Any
 
 from .errors import ValidationFailed
 
-_HTML = SandboxedEnvironment(autoescape=True, undefined=StrictUndefined)
-_TEXT = SandboxedEnvironment(autoescape=False, undefined=StrictUndefined)
+if TYPE_CHECKING:
+    from jinja2 import nodes
+    from jinja2.sandbox import SandboxedEnvironment
 _OPTIONAL_TESTS = {"defined", "undefined"}
 _OPTIONAL_FILTERS = {"default", "d"}
 
@@ -62,9 +60,21 @@ def render(
     return Rendered(**out)
 
 
+@lru_cache(maxsize=2)
+def _environment(html: bool) -> SandboxedEnvironment:
+    # Jinja2 is imported on first use: a worker that never renders a template does not pay
+    # its memory.
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    return SandboxedEnvironment(autoescape=html, undefined=StrictUndefined)
+
+
 @lru_cache(maxsize=512)
 def _compiled(html: bool, source: str, field: str) -> tuple[Any, tuple[tuple[str, ...], ...]]:
-    environment = _HTML if html else _TEXT
+    from jinja2 import TemplateSyntaxError
+
+    environment = _environment(html)
     try:
         tree = environment.parse(source)
         compiled = environment.from_string(tree)
@@ -77,6 +87,8 @@ def _compiled(html: bool, source: str, field: str) -> tuple[Any, tuple[tuple[str
 
 def _required_paths(tree: nodes.Template) -> tuple[tuple[str, ...], ...]:
     """Every variable path the template reads unconditionally, shortest first."""
+    from jinja2 import meta, nodes
+
     from_request = meta.find_undeclared_variables(tree)
     optional: set[int] = set()
     for guard in tree.find_all((nodes.Test, nodes.Filter)):
@@ -92,6 +104,8 @@ def _required_paths(tree: nodes.Template) -> tuple[tuple[str, ...], ...]:
 
 def _chain(node: nodes.Node | None) -> list[nodes.Node]:
     """A lookup chain (``user.address.city``) and each node it stands on."""
+    from jinja2 import nodes
+
     chain: list[nodes.Node] = []
     while isinstance(node, nodes.Getattr | nodes.Getitem | nodes.Name):
         chain.append(node)
@@ -100,6 +114,8 @@ def _chain(node: nodes.Node | None) -> list[nodes.Node]:
 
 
 def _path(node: nodes.Node) -> tuple[str, ...] | None:
+    from jinja2 import nodes
+
     parts: list[str] = []
     while isinstance(node, nodes.Getattr | nodes.Getitem):
         if isinstance(node, nodes.Getattr):

@@ -1,7 +1,10 @@
 """DKIM: the signing key of a domain, the DNS record that publishes it, and the signature.
 
 Keys are RSA, made with ``cryptography``; signing is dkimpy's (relaxed/relaxed, and its default
-oversigned headers, ``From`` among them, so no second ``From`` can be added after signing).
+oversigned headers, ``From`` among them, so no second ``From`` can be added after signing),
+except for the RSA operation itself: dkimpy does it in pure Python (about 6.5 ms a message,
+holding the GIL), so it is handed to OpenSSL through ``cryptography`` (0.25 ms, GIL released).
+The DKIM tests verify the signatures against the published record, with dkimpy's verifier.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 import base64
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import dkim
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa, utils
 
 
 @dataclass(frozen=True)
@@ -54,3 +58,33 @@ def sign_message(message: bytes, domain: str, key: SigningKey) -> bytes:
         canonicalize=(b"relaxed", b"relaxed"),
     )
     return signature + message
+
+
+_OPENSSL_KEYS: dict[int, rsa.RSAPrivateKey] = {}
+_HASHES = {"sha256": hashes.SHA256, "sha1": hashes.SHA1}
+
+
+def _openssl_rsa_sign(digest: Any, private_key: dict[str, int]) -> bytes:
+    """dkimpy's ``RSASSA_PKCS1_v1_5_sign(hash, private_key)``, done by OpenSSL.
+
+    :param digest: the hashlib object dkimpy filled; :param private_key: dkimpy's parsed key.
+    """
+    modulus = private_key["modulus"]
+    key = _OPENSSL_KEYS.get(modulus)
+    if key is None:
+        public = rsa.RSAPublicNumbers(private_key["publicExponent"], modulus)
+        key = rsa.RSAPrivateNumbers(
+            p=private_key["prime1"],
+            q=private_key["prime2"],
+            d=private_key["privateExponent"],
+            dmp1=private_key["exponent1"],
+            dmq1=private_key["exponent2"],
+            iqmp=private_key["coefficient"],
+            public_numbers=public,
+        ).private_key()
+        _OPENSSL_KEYS[modulus] = key
+    algorithm = _HASHES[digest.name.lower()]()
+    return key.sign(digest.digest(), padding.PKCS1v15(), utils.Prehashed(algorithm))
+
+
+dkim.RSASSA_PKCS1_v1_5_sign = _openssl_rsa_sign

@@ -100,3 +100,24 @@ def test_ascii_mail_does_not_declare_smtputf8(relayed, sink):
     [received] = sink.wait_for(1)
     assert received.mail_options == []
     assert received.data.split(b"\r\n\r\n")[0].isascii()
+
+
+def test_long_non_ascii_headers_fold_with_crlf(relayed, sink):
+    app, tenant, client = relayed
+    name = "Ünïcödé Départément des Récépissés et des Confirmations Électroniques"
+    subject = "Votre reçu n° 42 — merci de votre commande auprès de notre boutique préférée ✓"
+    post(
+        client,
+        tenant,
+        from_=f"{name} <hello@verified.test>",
+        subject=subject,
+        to=[f"user{n}@example.org" for n in range(50)],
+    )
+    [received] = sink.wait_for(1)
+    head = received.data.split(b"\r\n\r\n", 1)[0]
+    assert head.isascii() and not BARE_EOL.search(received.data)
+    long_lines = [line for line in head.split(b"\r\n") if len(line) > 78]
+    assert long_lines == [], long_lines
+    assert received.message["Subject"] == subject
+    assert received.message["From"].addresses[0].display_name == name
+    assert len(received.message["To"].addresses) == 50

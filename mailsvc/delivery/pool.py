@@ -1,27 +1,30 @@
 """The delivery threads of one process, and their lifecycle.
 
-Each thread claims a due email with a lease, sends it to the recipients still pending through
-its own transport (so an SMTP connection is reused from one message to the next), and records
-the outcome if it still holds the lease. A new email wakes a thread at once through a
-condition; threads also look every ``poll_seconds`` for mail that other processes queued, that
-is due for a retry, or whose lease ran out because its process died.
+One claimer thread leases due emails, as many at a time as there are idle senders, in one job
+of the store's writer, and hands them over; each sender thread sends to the recipients still
+pending through its own transport (so an SMTP connection is reused from one message to the
+next) and records the outcome if the process still holds the lease. A new email wakes the
+claimer at once through a condition; it also looks every ``poll_seconds`` for mail that other
+processes queued, that is due for a retry, or whose lease ran out because its process died.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import socket
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 from .. import statuses
 from ..ids import new_id
 from ..settings import Settings
 from ..signing import SigningKey, sign_message
-from ..store import Database, EmailRecord
+from ..store import Database, EmailRecord, Transaction
 from .message import build_message
 from .outcome import RetryPolicy, decide, recipient_outcome
 from .transport import RelayUrl, Transport, open_transport
@@ -59,74 +62,132 @@ class DeliveryPool:
         self._running = False
         self._wakeup = threading.Condition()
         self._signalled = False
+        self._idle_senders = 0
+        self._owner = ""
+        self._handoff: queue.SimpleQueue[tuple[EmailRecord, SigningKey | None] | None]
+        self._handoff = queue.SimpleQueue()
 
     def start(self) -> None:
         """Start the threads; call after ``fork()``, in the process that will deliver."""
         if self._threads:
             return
         self._running = True
-        for number in range(self.settings.delivery_threads):
-            thread = threading.Thread(
-                target=self._work, name=f"mailsvc-delivery-{number}", daemon=True
-            )
+        self._owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
+        self._handoff = queue.SimpleQueue()
+        self._idle_senders = 0
+        claimer = threading.Thread(target=self._claim_loop, name="mailsvc-claimer", daemon=True)
+        senders = [
+            threading.Thread(target=self._send_loop, name=f"mailsvc-sender-{n}", daemon=True)
+            for n in range(self.settings.delivery_threads)
+        ]
+        self._threads = [claimer, *senders]
+        for thread in self._threads:
             thread.start()
-            self._threads.append(thread)
 
     def wake(self) -> None:
-        """Tell a waiting thread that there is new mail."""
+        """Tell the claimer that there is new mail."""
         with self._wakeup:
             self._signalled = True
-            self._wakeup.notify()
+            self._wakeup.notify_all()
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
         """Stop claiming mail. When graceful, wait (up to ``timeout``) for the SMTP transactions
         in flight; an email claimed but not yet started is given back at once."""
+        if not self._threads:
+            return
         self._running = False
         with self._wakeup:
             self._wakeup.notify_all()
+        claimer, *senders = self._threads
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        # The claimer first, so that whatever it handed over stands before the senders' ends.
+        claimer.join(left() if graceful else 0)
+        for _ in senders:
+            self._handoff.put(None)
         if graceful:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for thread in self._threads:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                thread.join(left)
+            for sender in senders:
+                sender.join(left())
         self._threads = []
 
-    def _work(self) -> None:
+    def _claim_loop(self) -> None:
+        """Claim as many due emails as there are idle senders, in one job, and hand them over;
+        then wait for new mail (a wake), a sender coming free, or the next poll."""
+        next_poll = time.monotonic()
+        while True:
+            with self._wakeup:
+                while self._running and (
+                    self._idle_senders == 0
+                    or (not self._signalled and time.monotonic() < next_poll)
+                ):
+                    wait = None if self._idle_senders == 0 else next_poll - time.monotonic()
+                    self._wakeup.wait(wait)
+                if not self._running:
+                    return
+                self._signalled = False
+                wanted = self._idle_senders
+            try:
+                # A claim lost with the power only means it is made again: no fsync for it.
+                batch = self.db.run(partial(self._claim, wanted=wanted), durable=False)
+            except Exception:
+                log.exception("claiming mail failed; trying again at the next poll")
+                batch = []
+            if batch and not self._running:
+                self._release([email for email, _ in batch])
+                return
+            with self._wakeup:
+                self._idle_senders -= len(batch)
+                if len(batch) == wanted:
+                    self._signalled = True  # more may be due: claim again as senders free up
+                else:
+                    next_poll = time.monotonic() + self.settings.poll_seconds
+            for item in batch:
+                self._handoff.put(item)
+
+    def _claim(self, tx: Transaction, wanted: int) -> list[tuple[EmailRecord, SigningKey | None]]:
+        emails = tx.claim_due(self._owner, self.clock(), self.settings.lease_seconds, wanted)
+        keys: dict[tuple[str, str], SigningKey | None] = {}
+        batch = []
+        for email in emails:
+            place = (email.account_id, _domain_of(email.sender_address))
+            if place not in keys:
+                keys[place] = tx.signing_key(*place)
+            batch.append((email, keys[place]))
+        return batch
+
+    def _send_loop(self) -> None:
         transport = self.transport_factory(self.settings)
-        owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
         try:
-            while self._running:
+            while True:
+                self._come_free()
+                item = self._handoff.get()
+                if item is None:
+                    return
+                email, key = item
+                if not self._running:
+                    self._release([email])
+                    continue
                 try:
-                    delivered = self._deliver_next(transport, owner)
+                    self._attempt(email, key, transport, self._owner)
                 except Exception:
-                    log.exception("delivery thread error; retrying shortly")
-                    delivered = False
-                if not delivered:
-                    self._idle()
+                    log.exception(
+                        "email %s: delivery attempt failed; its lease will expire", email.id
+                    )
         finally:
             transport.close()
             self.db.close()
 
-    def _idle(self) -> None:
+    def _come_free(self) -> None:
         with self._wakeup:
-            if not self._signalled and self._running:
-                self._wakeup.wait(self.settings.poll_seconds)
-            self._signalled = False
+            self._idle_senders += 1
+            self._wakeup.notify_all()
 
-    def _deliver_next(self, transport: Transport, owner: str) -> bool:
-        """Claim one due email and attempt it; False when nothing was due."""
-        with self.db.transaction() as tx:
-            claimed = tx.claim_due(owner, self.clock(), self.settings.lease_seconds)
-            if not claimed:
-                return False
-            email = claimed[0]
-            key = tx.signing_key(email.account_id, _domain_of(email.sender_address))
-        if not self._running:
-            with self.db.transaction() as tx:
-                tx.release_claims(owner, [email.seq], self.clock())
-            return True
-        self._attempt(email, key, transport, owner)
-        return True
+    def _release(self, emails: list[EmailRecord]) -> None:
+        seqs = [email.seq for email in emails]
+        self.db.run(lambda tx: tx.release_claims(self._owner, seqs, self.clock()))
 
     def _attempt(
         self, email: EmailRecord, key: SigningKey | None, transport: Transport, owner: str
@@ -152,8 +213,8 @@ class DeliveryPool:
         ]
         now = self.clock()
         decision = decide(email, outcomes, now, self.policy, self._rng)
-        with self.db.transaction() as tx:
-            kept = tx.finish_attempt(
+        kept = self.db.run(
+            lambda tx: tx.finish_attempt(
                 email.seq,
                 owner,
                 decision.status,
@@ -162,6 +223,7 @@ class DeliveryPool:
                 decision.due_at,
                 decision.last_error,
             )
+        )
         if not kept:
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
 

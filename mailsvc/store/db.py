@@ -12,12 +12,16 @@ import fcntl
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 from .transaction import Transaction
+from .writer import Writer
+
+Result = TypeVar("Result")
 
 
 class Database:
@@ -34,6 +38,15 @@ class Database:
         self._local = threading.local()
         self._migrated = False
         self._migrate_lock = threading.Lock()
+        self._writer = Writer(self)
+
+    def run(self, work: Callable[[Transaction], Result], durable: bool = True) -> Result:
+        """Run ``work(tx)`` through this process's writer, batched with other threads' work in
+        one transaction (see :mod:`mailsvc.store.writer`); its result, or its exception.
+
+        ``work`` must not call :meth:`run` itself.
+        """
+        return self._writer.run(work, durable)
 
     @contextmanager
     def transaction(self, durable: bool = True) -> Iterator[Transaction]:

@@ -24,7 +24,6 @@ import shutil
 import signal
 import smtplib
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -285,7 +284,6 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
 
     message = sign_message(build_message(record), DOMAIN, key)
     per_thread = args.drain // threads
-    marks: list[float] = []
 
     def loop() -> None:
         connection = smtplib.SMTP("127.0.0.1", sink.port)
@@ -341,8 +339,9 @@ def report(args, http: dict, drain: dict) -> None:
     h50, h99, matched, answered = http["handoff"]
     rss = http["rss_after"]
     print(
-        f"mailsvc benchmark -- {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"gunicorn -w {args.workers} (gunicorn.conf.py), load: wrk (peak) + open-loop asyncio client"
+        f"mailsvc benchmark -- {platform.node()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, gunicorn -w {args.workers} (gunicorn.conf.py), "
+        "load: wrk (peak) + open-loop asyncio client"
     )
     print(f"{'figure':<44}{'value':>22}{'target':>26}")
     rows = [
@@ -378,7 +377,8 @@ def report(args, http: dict, drain: dict) -> None:
     for name, value, target in rows:
         print(f"{name:<44}{value:>22}{target:>26}")
     print(
-        f"(open loop: {http['errors']} errors; {matched} of {answered} accepted emails matched at the sink)"
+        f"(open loop: {http['errors']} errors; "
+        f"{matched} of {answered} accepted emails matched at the sink)"
     )
 
 

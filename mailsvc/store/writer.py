@@ -1,0 +1,96 @@
+"""Group commit: one writer thread per process runs everyone's write jobs, many to a transaction.
+
+Request threads and delivery threads hand their work to the writer as a function of the
+transaction and wait for its result. While one batch commits, the next one gathers, so under
+load many jobs share one lock acquisition and one fsync, and only one thread in each process
+competes for the database's write lock. Each job runs in a savepoint of its own: a job that
+raises leaves no trace, and the others in its batch commit as if it had not been there.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from .db import Database
+    from .transaction import Transaction
+
+Result = TypeVar("Result")
+
+#: Jobs in one transaction at most; enough to amortise the fsync, few enough to keep it short.
+MAX_BATCH = 64
+
+
+class _Job(Generic[Result]):
+    __slots__ = ("work", "durable", "done", "result", "error")
+
+    def __init__(self, work: Callable[[Transaction], Result], durable: bool) -> None:
+        self.work = work
+        self.durable = durable
+        self.done = threading.Event()
+        self.result: Result | None = None
+        self.error: BaseException | None = None
+
+
+class Writer:
+    """The writer of one process; it starts on first use, in the process that uses it (so a
+    thread is never carried across ``fork()``)."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._queue: queue.SimpleQueue[_Job[object]] = queue.SimpleQueue()
+        self._pid: int | None = None
+        self._start_lock = threading.Lock()
+
+    def run(self, work: Callable[[Transaction], Result], durable: bool = True) -> Result:
+        """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
+
+        :param durable: the result is returned only once the commit is on disk. A batch is
+            durable when any of its jobs asks for it.
+        """
+        self._ensure_started()
+        job: _Job[Result] = _Job(work, durable)
+        self._queue.put(job)  # type: ignore[arg-type]
+        job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result  # type: ignore[return-value]
+
+    def _ensure_started(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._start_lock:
+            if self._pid != os.getpid():
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
+                self._pid = os.getpid()
+
+    def _loop(self) -> None:
+        while True:
+            jobs = [self._queue.get()]
+            while len(jobs) < MAX_BATCH:
+                try:
+                    jobs.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            self._commit(jobs)
+
+    def _commit(self, jobs: list[_Job[object]]) -> None:
+        try:
+            with self.database.transaction(durable=any(job.durable for job in jobs)) as tx:
+                for job in jobs:
+                    try:
+                        with tx.savepoint():
+                            job.result = job.work(tx)
+                    except BaseException as exc:  # the job's own failure: handed to its caller
+                        job.error = exc
+        except BaseException as exc:  # the commit failed: nothing of the batch stands
+            for job in jobs:
+                job.error = job.error or exc
+        finally:
+            for job in jobs:
+                job.done.set()
