@@ -203,7 +203,8 @@ class SmtpRelay:
 
     def _connect(self) -> smtplib.SMTP:
         url = self.url
-        context = ssl.create_default_context(cafile=self.ca_file)
+        tls = url.implicit_tls or url.starttls
+        context = ssl.create_default_context(cafile=self.ca_file) if tls else None
         connection: smtplib.SMTP
         if url.implicit_tls:
             connection = smtplib.SMTP_SSL(url.host, url.port, timeout=self.timeout, context=context)
