@@ -53,8 +53,10 @@ class MailService:
         self.delivery.start()
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
-        """Stop delivery; when graceful, let the SMTP transactions in flight finish first."""
+        """Stop delivery; when graceful, let the SMTP transactions in flight finish first. Then
+        the store's writer thread ends (it starts again if the app is used afterwards)."""
         self.delivery.stop(graceful=graceful, timeout=timeout)
+        self.db.shutdown()
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]

@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from .addresses import normalise_domain
@@ -18,7 +19,7 @@ from .auth import Principal
 from .dnscheck import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
 from .errors import AlreadyExists, NotFound, ValidationFailed
 from .ids import new_id
-from .paging import DEFAULT_LIMIT, decode_cursor, page
+from .paging import list_page
 from .services import Services
 from .settings import Settings
 from .signing import SigningKey, new_signing_key
@@ -67,13 +68,11 @@ def create_domain(
 def list_domains(
     tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
-    limit = int(query.get("limit", DEFAULT_LIMIT))
-    rows = tx.list_domains(principal.account_id, decode_cursor(query.get("cursor")), limit + 1)
-
     def present_all(domains: Sequence[Domain]) -> list[dict[str, Any]]:
         return [present_domain(domain, services.settings) for domain in domains]
 
-    return page(rows, limit, lambda domain: domain.seq, present_all)
+    fetch = partial(tx.list_domains, principal.account_id)
+    return list_page(query, fetch, lambda domain: domain.seq, present_all)
 
 
 def get_domain(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from .addresses import normalise_domain
 from .auth import Principal, issue_key, key_prefix
 from .errors import NotFound, ValidationFailed
-from .paging import DEFAULT_LIMIT, decode_cursor, page
+from .paging import list_page
 from .services import Services
 from .settings import Settings
 from .store import ApiKey, Transaction
@@ -45,13 +46,11 @@ def create_api_key(
 def list_api_keys(
     tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
-    limit = int(query.get("limit", DEFAULT_LIMIT))
-    rows = tx.list_api_keys(principal.account_id, decode_cursor(query.get("cursor")), limit + 1)
-
     def present_all(keys: Sequence[ApiKey]) -> list[dict[str, Any]]:
         return [present_key(key) for key in keys]
 
-    return page(rows, limit, lambda key: key.seq, present_all)
+    fetch = partial(tx.list_api_keys, principal.account_id)
+    return list_page(query, fetch, lambda key: key.seq, present_all)
 
 
 def revoke_api_key(

@@ -54,3 +54,17 @@ def page(
         "hasMore": more,
         "nextCursor": encode_cursor(seq_of(shown[-1])) if more and shown else None,
     }
+
+
+def list_page(
+    query: dict[str, Any],
+    fetch: Callable[[int | None, int], Sequence[Item]],
+    seq_of: Callable[[Item], int],
+    present: Callable[[Sequence[Item]], list[dict[str, Any]]],
+) -> dict[str, Any]:
+    """A page for the ``limit`` and ``cursor`` of a schema-valid query.
+
+    :param fetch: ``fetch(before_seq, count)`` returns up to ``count`` items, newest first.
+    """
+    limit = int(query.get("limit", DEFAULT_LIMIT))
+    return page(fetch(decode_cursor(query.get("cursor")), limit + 1), limit, seq_of, present)

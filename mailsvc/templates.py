@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from .auth import Principal
 from .errors import NotFound
 from .ids import new_id
-from .paging import DEFAULT_LIMIT, decode_cursor, page
+from .paging import list_page
 from .rendering import check_syntax, render
 from .services import Services
 from .settings import Settings
@@ -44,9 +45,8 @@ def create_template(
 def list_templates(
     tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
-    limit = int(query.get("limit", DEFAULT_LIMIT))
-    rows = tx.list_templates(principal.account_id, decode_cursor(query.get("cursor")), limit + 1)
-    return page(rows, limit, lambda t: t.seq, _present_all)
+    fetch = partial(tx.list_templates, principal.account_id)
+    return list_page(query, fetch, lambda template: template.seq, _present_all)
 
 
 def get_template(

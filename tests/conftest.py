@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -106,6 +109,30 @@ def count_by_status(db: Database) -> dict[str, int]:
     with db.transaction() as tx:
         rows = tx.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
         return {status: count for status, count in rows}
+
+
+@pytest.fixture
+def delivering(
+    config: dict[str, Any], clock: Clock, sink: SmtpSink
+) -> Iterator[tuple[MailService, Tenant, Client]]:
+    """The app relaying to the sink, delivery started, with a tenant and a client."""
+    config["smtp_url"] = sink.url
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    app.start()
+    yield app, tenant, Client(app)
+    app.stop(timeout=5)
+
+
+def run_cli(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m mailsvc ARGS`` as an operator runs it, with these ``MAILSVC_*`` settings."""
+    return subprocess.run(
+        [sys.executable, "-m", "mailsvc", *args],
+        env={**os.environ, **environ},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture

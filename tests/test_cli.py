@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,21 +12,15 @@ from werkzeug.test import Client
 
 from mailsvc import create_app
 
-from .conftest import email_body
+from .conftest import email_body, run_cli
 
 
 @pytest.fixture
 def cli(tmp_path):
-    env = {**os.environ, "MAILSVC_DATABASE": str(tmp_path / "cli.sqlite3")}
+    env = {"MAILSVC_DATABASE": str(tmp_path / "cli.sqlite3")}
 
     def run(*args, ok=True):
-        result = subprocess.run(
-            [sys.executable, "-m", "mailsvc", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_cli(env, *args)
         if ok:
             assert result.returncode == 0, result.stderr
             assert result.stderr == ""

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
-import sys
 
 import dkim
-import pytest
 from cryptography.hazmat.primitives.serialization import load_der_public_key
-from werkzeug.test import Client
 
-from mailsvc import accounts, create_app
+from mailsvc import accounts
 
-from .conftest import VERIFIED, make_tenant
+from .conftest import VERIFIED, make_tenant, run_cli
 from .test_delivery import post, wait_status
 
 
@@ -29,18 +24,8 @@ def published(record):
     return lookup
 
 
-@pytest.fixture
-def relayed(config, clock, sink):
-    config["smtp_url"] = sink.url
-    app = create_app(config, clock=clock)
-    tenant = make_tenant(app)
-    app.start()
-    yield app, tenant, Client(app)
-    app.stop(timeout=5)
-
-
-def test_delivered_mail_verifies_against_the_published_record(relayed, sink):
-    app, tenant, client = relayed
+def test_delivered_mail_verifies_against_the_published_record(delivering, sink):
+    app, tenant, client = delivering
     record = accounts.show_domain(app.db, VERIFIED)["dkim"]
     email_id = post(client, tenant, html="<p>Hi</p>", subject="Signed")
     wait_status(client, tenant, email_id, "sent")
@@ -71,17 +56,11 @@ def test_each_domain_has_its_own_rsa_2048_key(app):
 
 
 def test_cli_shows_the_record_to_publish(tmp_path):
-    env = {**os.environ, "MAILSVC_DATABASE": str(tmp_path / "db.sqlite3")}
+    env = {"MAILSVC_DATABASE": str(tmp_path / "db.sqlite3")}
 
     def cli(*args):
-        result = subprocess.run(
-            [sys.executable, "-m", "mailsvc", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
+        result = run_cli(env, *args)
+        assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
     account = cli("accounts", "create", "--name", "Acme")["id"]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import dkim
 import dns.nameserver
@@ -15,7 +12,7 @@ from werkzeug.test import Client
 
 from mailsvc import accounts, create_app
 
-from .conftest import assert_error
+from .conftest import assert_error, run_cli
 from .dns_server import DnsServer
 from .test_delivery import post, wait_status
 
@@ -237,20 +234,13 @@ def test_add_publish_verify_send_and_the_signature_verifies(dns_app, dns_server,
 
 def test_cli_verifies_through_dns(tmp_path, dns_server):
     env = {
-        **os.environ,
         "MAILSVC_DATABASE": str(tmp_path / "db.sqlite3"),
         "MAILSVC_DNS_SERVERS": dns_server.address,
         "MAILSVC_DNS_TIMEOUT_SECONDS": "0.5",
     }
 
     def cli(*args, ok=True):
-        result = subprocess.run(
-            [sys.executable, "-m", "mailsvc", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_cli(env, *args)
         assert (result.returncode == 0) == ok, result.stderr
         return json.loads(result.stdout) if ok else result.stderr
 

@@ -5,23 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from werkzeug.test import Client
 
-from mailsvc import create_app
-
-from .conftest import make_tenant
 from .test_delivery import post, wait_status
-
-
-@pytest.fixture
-def relayed(config, clock, sink):
-    config["smtp_url"] = sink.url
-    app = create_app(config, clock=clock)
-    tenant = make_tenant(app)
-    app.start()
-    yield app, tenant, Client(app)
-    app.stop(timeout=5)
-
 
 SMUGGLED = "MAIL FROM:<x@evil.test>\r\nRCPT TO:<victim@evil.test>\r\nDATA\r\nhi\r\n.\r\nafter"
 BARE_EOL = re.compile(rb"(?<!\r)\n|\r(?!\n)")
@@ -37,8 +22,8 @@ BARE_EOL = re.compile(rb"(?<!\r)\n|\r(?!\n)")
         ".leading dot\n..two dots\nend",
     ],
 )
-def test_body_with_dots_and_bare_line_ends_is_one_intact_message(relayed, sink, body):
-    app, tenant, client = relayed
+def test_body_with_dots_and_bare_line_ends_is_one_intact_message(delivering, sink, body):
+    app, tenant, client = delivering
     email_id = post(client, tenant, text=body)
     wait_status(client, tenant, email_id, "sent")
     [received] = sink.wait_for(1)
@@ -50,8 +35,8 @@ def test_body_with_dots_and_bare_line_ends_is_one_intact_message(relayed, sink, 
     assert sink.messages == [received] and sink.dropped == []
 
 
-def test_long_lines_are_encoded_within_998_octets(relayed, sink):
-    app, tenant, client = relayed
+def test_long_lines_are_encoded_within_998_octets(delivering, sink):
+    app, tenant, client = delivering
     html = "<p>" + "x" * 5000 + "</p>"
     text = "é" * 3000
     post(client, tenant, html=html, text=text)
@@ -62,16 +47,16 @@ def test_long_lines_are_encoded_within_998_octets(relayed, sink):
     assert rich.get_content().replace("\r\n", "\n") == html + "\n"
 
 
-def test_idn_recipient_goes_as_an_a_label(relayed, sink):
-    app, tenant, client = relayed
+def test_idn_recipient_goes_as_an_a_label(delivering, sink):
+    app, tenant, client = delivering
     post(client, tenant, to="anna@Bücher.Example")
     [received] = sink.wait_for(1)
     assert received.recipients == ["anna@xn--bcher-kva.example"]
     assert "anna@xn--bcher-kva.example" in received.message["To"]
 
 
-def test_non_ascii_local_part_fails_at_once_without_smtputf8(relayed, sink):
-    app, tenant, client = relayed
+def test_non_ascii_local_part_fails_at_once_without_smtputf8(delivering, sink):
+    app, tenant, client = delivering
     sink.behaviour.smtputf8 = False
     email_id = post(client, tenant, to=["jörg@example.org", "anna@example.org"])
     shown = wait_status(client, tenant, email_id, "partially_sent")
@@ -84,8 +69,8 @@ def test_non_ascii_local_part_fails_at_once_without_smtputf8(relayed, sink):
     assert received.data.split(b"\r\n\r\n")[0].isascii()
 
 
-def test_non_ascii_local_part_goes_with_smtputf8(relayed, sink):
-    app, tenant, client = relayed
+def test_non_ascii_local_part_goes_with_smtputf8(delivering, sink):
+    app, tenant, client = delivering
     email_id = post(client, tenant, to="jörg@example.org", subject="Grüße")
     wait_status(client, tenant, email_id, "sent")
     [received] = sink.wait_for(1)
@@ -94,16 +79,16 @@ def test_non_ascii_local_part_goes_with_smtputf8(relayed, sink):
     assert received.message["Subject"] == "Grüße"
 
 
-def test_ascii_mail_does_not_declare_smtputf8(relayed, sink):
-    app, tenant, client = relayed
+def test_ascii_mail_does_not_declare_smtputf8(delivering, sink):
+    app, tenant, client = delivering
     post(client, tenant, subject="Grüße")
     [received] = sink.wait_for(1)
     assert received.mail_options == []
     assert received.data.split(b"\r\n\r\n")[0].isascii()
 
 
-def test_long_non_ascii_headers_fold_with_crlf(relayed, sink):
-    app, tenant, client = relayed
+def test_long_non_ascii_headers_fold_with_crlf(delivering, sink):
+    app, tenant, client = delivering
     name = "Ünïcödé Départément des Récépissés et des Confirmations Électroniques"
     subject = "Votre reçu n° 42 — merci de votre commande auprès de notre boutique préférée ✓"
     post(

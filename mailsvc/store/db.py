@@ -74,6 +74,11 @@ class Database:
                 connection.execute(f"PRAGMA synchronous = {self.synchronous}")
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
+    def shutdown(self) -> None:
+        """Stop this process's writer thread and close this thread's connection."""
+        self._writer.stop()
+        self.close()
+
     def close(self) -> None:
         """Close this thread's connection, if it has one."""
         state = getattr(self._local, "state", None)

@@ -42,7 +42,7 @@ class Writer:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        self._queue: queue.SimpleQueue[_Job[object]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
         self._pid: int | None = None
         self._start_lock = threading.Lock()
 
@@ -60,6 +60,14 @@ class Writer:
             raise job.error
         return job.result  # type: ignore[return-value]
 
+    def stop(self) -> None:
+        """End the writer thread once the jobs before now are done; the next :meth:`run`
+        starts a new one."""
+        with self._start_lock:
+            if self._pid == os.getpid():
+                self._queue.put(None)
+                self._pid = None
+
     def _ensure_started(self) -> None:
         if self._pid == os.getpid():
             return
@@ -70,14 +78,27 @@ class Writer:
                 self._pid = os.getpid()
 
     def _loop(self) -> None:
-        while True:
-            jobs = [self._queue.get()]
-            while len(jobs) < MAX_BATCH:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            self._commit(jobs)
+        jobs_queue = self._queue
+        stopping = False
+        try:
+            while not stopping:
+                first = jobs_queue.get()
+                jobs = [first] if first is not None else []
+                stopping = first is None
+                # Gather what is waiting; when stopping, all of it, so no caller is stranded.
+                while stopping or len(jobs) < MAX_BATCH:
+                    try:
+                        job = jobs_queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stopping = True
+                    else:
+                        jobs.append(job)
+                if jobs:
+                    self._commit(jobs)
+        finally:
+            self.database.close()
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:

@@ -23,7 +23,6 @@ import re
 import shutil
 import signal
 import smtplib
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,28 +36,12 @@ from mailsvc.ids import new_id
 from mailsvc.signing import sign_message
 from mailsvc.store import Database, NewEmail
 
+from ..servers import Gunicorn, free_port
 from . import openloop
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "bench.example"
 HTML = "<html><body><p>" + ("Your receipt. " * 140) + "</p></body></html>"  # about 2 KB
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -101,49 +84,22 @@ class Sink:
         self.process.wait(timeout=10)
 
 
-class Server:
-    """gunicorn with the project's gunicorn.conf.py; ``app`` overrides its wsgi_app."""
+def serve(env: dict[str, str], workers: int, app: str | None = None) -> Gunicorn:
+    """gunicorn with the project's gunicorn.conf.py, every worker booted."""
+    server = Gunicorn(env, workers, app).start()
+    deadline = time.monotonic() + 30
+    while len(server.worker_pids()) < workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # let the workers finish booting
+    return server
 
-    def __init__(self, env: dict[str, str], workers: int, app: str | None = None) -> None:
-        self.port = free_port()
-        command = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            "gunicorn.conf.py",
-            "-w",
-            str(workers),
-            "-b",
-            f"127.0.0.1:{self.port}",
-        ]
-        self.process = subprocess.Popen(
-            command + ([app] if app else []),
-            cwd=ROOT,
-            env={**os.environ, **env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        wait_port(self.port)
-        time.sleep(1.0)  # let every worker boot
 
-    def worker_rss_mb(self) -> list[float]:
-        sizes = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                status = (entry / "status").read_text()
-            except OSError:
-                continue
-            if re.search(rf"^PPid:\s+{self.process.pid}$", status, re.MULTILINE):
-                sizes.append(int(re.search(r"^VmRSS:\s+(\d+)", status, re.MULTILINE)[1]) / 1024)
-        return sizes
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=60)
+def worker_rss_mb(server: Gunicorn) -> list[float]:
+    sizes = []
+    for pid in server.worker_pids():
+        status = Path(f"/proc/{pid}/status").read_text()
+        sizes.append(int(re.search(r"^VmRSS:\s+(\d+)", status, re.MULTILINE)[1]) / 1024)
+    return sizes
 
 
 def wrk(port: int, body: str, headers: dict[str, str], seconds: float, folder: Path) -> float:
@@ -200,11 +156,11 @@ def bench_http(args, folder, sink, env, key) -> dict:
     import json
 
     results: dict = {}
-    noop = Server(env, args.workers, "tests.bench.noop_app:app")
+    noop = serve(env, args.workers, "tests.bench.noop_app:app")
     results["H1"] = wrk(noop.port, json.dumps(email(1)), headers, args.seconds, folder)
     noop.stop()
 
-    server = Server(env, args.workers)
+    server = serve(env, args.workers)
     results["H2"] = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
     results["H2x5"] = wrk(server.port, json.dumps(email(5)), headers, args.seconds, folder)
     accepted_so_far = _count_emails(env["MAILSVC_DATABASE"])
@@ -213,11 +169,11 @@ def bench_http(args, folder, sink, env, key) -> dict:
     samples = openloop.run(
         "127.0.0.1", server.port, "/v1/emails", email(1), headers, rate, args.seconds
     )
-    results["rss_after"] = server.worker_rss_mb()
+    results["rss_after"] = worker_rss_mb(server)
     if args.soak_seconds:
-        before = server.worker_rss_mb()
+        before = worker_rss_mb(server)
         soaked = wrk(server.port, json.dumps(email(1)), headers, args.soak_seconds, folder)
-        results["soak"] = (before, server.worker_rss_mb(), soaked * args.soak_seconds)
+        results["soak"] = (before, worker_rss_mb(server), soaked * args.soak_seconds)
     sink.wait_for(_expected_messages(env["MAILSVC_DATABASE"]))
     server.stop()
 
@@ -276,7 +232,7 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
         record = tx.get_email(account_id, email_id)
         key = tx.signing_key(account_id, DOMAIN)
     threads = args.workers * int(env.get("MAILSVC_DELIVERY_THREADS", "4"))
-    server = Server(env, args.workers)
+    server = serve(env, args.workers)
     sink.wait_for(start_count + args.drain)
     server.stop()
     times = [t for t, _ in sink.received()[start_count:]]
