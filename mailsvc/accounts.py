@@ -69,7 +69,7 @@ def add_domain(
     with db.transaction() as tx:
         _require_account(tx, account_id)
         try:
-            tx.add_domain(
+            added = tx.add_domain(
                 new_id("dom"),
                 account_id,
                 name,
@@ -80,8 +80,7 @@ def add_domain(
             )
         except DomainTaken:
             raise OperatorError(f"domain {name}: already verified by another account") from None
-        verified_now = tx.is_domain_verified(account_id, name)
-    return {"domain": name, "verified": verified_now}
+    return {"domain": name, "verified": added.verified}
 
 
 def show_domain(db: Database, domain: str, account_id: str | None = None) -> dict[str, Any]:

@@ -28,9 +28,13 @@ def test_accepted_email_is_queued_and_committed(client, tenant, config):
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_commits_are_durable_by_default(app):
-    with app.db.transaction() as tx:
-        assert tx.connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+def test_writer_commits_durably_unless_told_otherwise(app):
+    def synchronous(tx):
+        return tx.connection.execute("PRAGMA synchronous").fetchone()[0]
+
+    assert app.db.run(synchronous) == 2  # FULL: the commit is on disk before run() returns
+    assert app.db.run(synchronous, durable=False) == 1  # NORMAL, for this batch only
+    assert app.db.run(synchronous) == 2
 
 
 def test_ids_are_random_and_unique(client, tenant):

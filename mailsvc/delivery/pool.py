@@ -178,7 +178,6 @@ class DeliveryPool:
                     )
         finally:
             transport.close()
-            self.db.close()
 
     def _come_free(self) -> None:
         with self._wakeup:
