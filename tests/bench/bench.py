@@ -7,7 +7,9 @@ H2  mailsvc accepting POST /v1/emails (about 2 KB of html; 1 and 5 recipients), 
     delivery running to the sink, the bench account's rate limits raised
 D0  a raw smtplib loop to the same sink, same number of threads, the same (signed) message
 D1  mailsvc draining a pre-filled queue of --drain emails to the sink
-P   Postfix relaying to the sink, when Postfix is installed (it is skipped otherwise)
+E2E mailsvc end to end: the emails H2 accepted, from wrk's start to the sink's last receipt
+P   Postfix relaying the same message to the sink, submitted over SMTP on 32 connections, end
+    to end as E2E, when Postfix is installed and the bench runs as root (skipped otherwise)
 
 Peak throughput comes from wrk (closed loop, keep-alive). Latency comes from an open-loop client
 at half of H2's peak, timed from when each request was due. Accept-to-handoff is from the 200
@@ -37,7 +39,7 @@ from mailsvc.signing import sign_message
 from mailsvc.store import Database, NewEmail
 
 from ..servers import Gunicorn, free_port
-from . import openloop
+from . import openloop, postfix
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "bench.example"
@@ -161,7 +163,12 @@ def bench_http(args, folder, sink, env, key) -> dict:
     noop.stop()
 
     server = serve(env, args.workers)
+    started, delivered_before = time.time(), sink.count()
     results["H2"] = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
+    accepted = _count_emails(env["MAILSVC_DATABASE"])
+    sink.wait_for(accepted)  # end to end: every email accepted in that run is at the sink
+    last = max(at for at, _ in sink.received()[delivered_before:])
+    results["E2E"] = (accepted / (last - started), accepted)
     results["H2x5"] = wrk(server.port, json.dumps(email(5)), headers, args.seconds, folder)
     accepted_so_far = _count_emails(env["MAILSVC_DATABASE"])
     sink.wait_for(_expected_messages(env["MAILSVC_DATABASE"]))  # let the backlog drain first
@@ -256,7 +263,46 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
     sink.wait_for(before + per_thread * threads)
     times = [t for t, _ in sink.received()[before:]]
     d0 = (len(times) - 1) / (max(times) - min(times))
-    return {"D1": d1, "D0": d0, "threads": threads}
+    return {"D1": d1, "D0": d0, "threads": threads, "message": message}
+
+
+def bench_postfix(folder: Path, sink: Sink, message: bytes, count: int) -> dict:
+    """P: ``count`` copies of the message submitted over SMTP on 32 connections (as many as
+    wrk opens) to a private Postfix, which relays them to the sink; end to end, as for H2."""
+    why_not = postfix.available()
+    if why_not:
+        return {"skipped": why_not}
+    relay = postfix.Postfix(folder, sink.port).start()
+    connections = 32
+    per_connection = count // connections
+    delivered_before = sink.count()
+
+    def submit() -> None:
+        connection = smtplib.SMTP("127.0.0.1", relay.port)
+        for _ in range(per_connection):
+            connection.sendmail(f"receipts@{DOMAIN}", ["user0@example.org"], message)
+        connection.quit()
+
+    try:
+        started = time.time()
+        clients = [threading.Thread(target=submit) for _ in range(connections)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join()
+        submitted = time.time()
+        sink.wait_for(delivered_before + per_connection * connections)
+        version = relay.version()
+    finally:
+        relay.stop()
+    total = per_connection * connections
+    last = max(at for at, _ in sink.received()[delivered_before:])
+    return {
+        "version": version,
+        "count": total,
+        "accept": total / (submitted - started),
+        "E2E": total / (last - started),
+    }
 
 
 def main() -> None:
@@ -285,12 +331,23 @@ def main() -> None:
     try:
         http = bench_http(args, folder, sink, env, key)
         drain = bench_drain(args, folder, sink, env, account_id)
+        relay = bench_postfix(folder, sink, drain["message"], http["E2E"][1])
     finally:
         sink.stop()
-    report(args, http, drain)
+    report(args, http, drain, relay)
 
 
-def report(args, http: dict, drain: dict) -> None:
+def _postfix_rows(http: dict, relay: dict) -> list[tuple[str, str, str]]:
+    if "skipped" in relay:
+        return [("P Postfix", relay["skipped"], "mailsvc/P >= 3")]
+    return [
+        (f"P Postfix {relay['version']} accept, msgs/s", f"{relay['accept']:.0f}", ""),
+        (f"P Postfix end to end, {relay['count']} msgs, msgs/s", f"{relay['E2E']:.0f}", ""),
+        ("mailsvc / P, end to end", f"{http['E2E'][0] / relay['E2E']:.2f}", ">= 3"),
+    ]
+
+
+def report(args, http: dict, drain: dict, relay: dict) -> None:
     p50, p99, worst = http["latency"]
     h50, h99, matched, answered = http["handoff"]
     rss = http["rss_after"]
@@ -314,11 +371,8 @@ def report(args, http: dict, drain: dict) -> None:
         (f"D0 raw smtplib, {drain['threads']} threads, msgs/s", f"{drain['D0']:.0f}", ""),
         (f"D1 mailsvc drain of {args.drain}, msgs/s", f"{drain['D1']:.0f}", ""),
         ("D1 / D0", f"{drain['D1'] / drain['D0']:.2f}", ">= 0.8"),
-        (
-            "P Postfix",
-            "not installed" if not shutil.which("postfix") else "not run",
-            "mailsvc/P >= 3",
-        ),
+        (f"mailsvc end to end, {http['E2E'][1]} emails, msgs/s", f"{http['E2E'][0]:.0f}", ""),
+        *_postfix_rows(http, relay),
         ("RSS per worker MB", "/".join(f"{size:.0f}" for size in rss), "<= 40"),
     ]
     if "soak" in http:

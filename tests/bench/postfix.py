@@ -1,0 +1,127 @@
+"""A private Postfix instance for the benchmark's P case: it listens on a loopback port and
+relays everything to the sink. Its own configuration, queue and log live in a folder of the
+benchmark's; the machine's own Postfix configuration is neither read nor changed.
+
+Postfix's defaults stand except where a private loopback relay needs otherwise: every queue
+file is fsynced before the 250, as Postfix always does; the SMTP client caches connections on
+demand; at most 20 deliveries run in parallel to the one destination.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from ..servers import free_port
+
+# One line per service Postfix needs to relay; none of them chrooted (the folder is private).
+_MASTER_CF = """\
+127.0.0.1:{port} inet n - n - - smtpd
+pickup unix n - n 60 1 pickup
+cleanup unix n - n - 0 cleanup
+qmgr unix n - n 300 1 qmgr
+rewrite unix - - n - - trivial-rewrite
+bounce unix - - n - 0 bounce
+defer unix - - n - 0 bounce
+trace unix - - n - 0 bounce
+verify unix - - n - 1 verify
+flush unix n - n 1000? 0 flush
+proxymap unix - - n - - proxymap
+smtp unix - - n - - smtp
+relay unix - - n - - smtp
+showq unix n - n - - showq
+error unix - - n - - error
+retry unix - - n - - error
+discard unix - - n - - discard
+anvil unix - - n - 1 anvil
+scache unix - - n - 1 scache
+postlog unix-dgram n - n - 1 postlogd
+"""
+
+_MAIN_CF = """\
+compatibility_level = 3.6
+queue_directory = {folder}/spool
+data_directory = {folder}/data
+meta_directory = /etc/postfix
+mail_owner = postfix
+setgid_group = postdrop
+myhostname = bench.localhost
+mydestination =
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mynetworks = 127.0.0.0/8
+smtpd_relay_restrictions = permit_mynetworks, reject
+relayhost = [127.0.0.1]:{relay_port}
+smtp_dns_support_level = disabled
+alias_maps =
+alias_database =
+local_recipient_maps =
+maillog_file_prefixes = {folder}
+maillog_file = {folder}/maillog
+"""
+
+
+def available() -> str | None:
+    """Why the P case cannot run here, or None when it can."""
+    if not shutil.which("postfix"):
+        return "not installed"
+    if os.geteuid() != 0:
+        return "needs root"  # Postfix's master runs as root and hands its queue to 'postfix'
+    return None
+
+
+class Postfix:
+    """``postfix -c FOLDER/etc start`` relaying to ``127.0.0.1:relay_port``."""
+
+    def __init__(self, folder: Path, relay_port: int) -> None:
+        self.folder = folder / "postfix"
+        self.port = free_port()
+        self.relay_port = relay_port
+
+    def version(self) -> str:
+        return subprocess.run(
+            ["postconf", "-c", str(self.folder / "etc"), "-h", "mail_version"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    def start(self) -> Postfix:
+        for part in ("etc", "spool", "data"):
+            (self.folder / part).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.folder.parent, 0o755)  # the 'postfix' user must reach its own folders
+        shutil.chown(self.folder / "data", "postfix")
+        (self.folder / "etc" / "main.cf").write_text(
+            _MAIN_CF.format(folder=self.folder, relay_port=self.relay_port)
+        )
+        (self.folder / "etc" / "master.cf").write_text(_MASTER_CF.format(port=self.port))
+        self._control("start")
+        deadline = time.monotonic() + 30
+        while not self._listening():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Postfix did not start:\n{self.log()}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        self._control("stop")
+
+    def log(self) -> str:
+        path = self.folder / "maillog"
+        return path.read_text() if path.exists() else ""
+
+    def _control(self, command: str) -> None:
+        # Postfix writes its errors to the log file (and to a terminal only, never to a pipe).
+        result = subprocess.run(
+            ["postfix", "-c", str(self.folder / "etc"), command], capture_output=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"postfix {command} failed:\n{self.log()}")
+
+    def _listening(self) -> bool:
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", self.port)) == 0
