@@ -209,3 +209,23 @@ def test_without_a_relay_mail_goes_to_the_maildir(app, config):
     [message] = list(mailbox.Maildir(config["outbox"]))
     assert message["Message-ID"] == f"<{email_id}@{VERIFIED}>"
     assert message.get_all("Delivered-To") == ["a@example.org", "b@example.org"]
+
+
+def test_a_transaction_longer_than_a_lease_is_not_taken_over(config, sink):
+    """The leases a process holds are renewed while it sends: another process (here a second
+    app on the same file) never takes over a slow transaction, so nothing is sent twice."""
+    config.update(smtp_url=sink.url, lease_seconds=0.6, poll_seconds=0.05)
+    first, second = create_app(config), create_app(config)
+    tenant, client = make_tenant(first), Client(first)
+    sink.behaviour.delay_seconds = 0.3  # six replies: one transaction takes about 1.8 s
+    email_id = post(client, tenant)
+    first.start()
+    second.start()
+    try:
+        shown = wait_status(client, tenant, email_id, "sent", timeout=15)
+        time.sleep(2.0)  # time enough for a take-over to have sent it again
+    finally:
+        first.stop(timeout=5)
+        second.stop(timeout=5)
+    assert [m.message_id for m in sink.messages] == [f"<{email_id}@{VERIFIED}>"]
+    assert shown["attempts"] == 1

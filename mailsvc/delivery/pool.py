@@ -6,6 +6,8 @@ pending through its own transport (so an SMTP connection is reused from one mess
 next) and records the outcome if the process still holds the lease. A new email wakes the
 claimer at once through a condition; it also looks every ``poll_seconds`` for mail that other
 processes queued, that is due for a retry, or whose lease ran out because its process died.
+A keeper thread renews the leases this process holds every third of a lease, so a slow SMTP
+transaction never outlasts its lease and is taken over, and sent again, by another process.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class DeliveryPool:
         self._signalled = False
         self._idle_senders = 0
         self._owner = ""
+        self._held: set[int] = set()  # seqs of the emails this process holds leases on
+        self._held_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._keeper: threading.Thread | None = None
         self._handoff: queue.SimpleQueue[tuple[EmailRecord, SigningKey | None] | None]
         self._handoff = queue.SimpleQueue()
 
@@ -75,13 +81,18 @@ class DeliveryPool:
         self._owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
         self._handoff = queue.SimpleQueue()
         self._idle_senders = 0
+        self._held = set()
+        self._stopped = threading.Event()
         claimer = threading.Thread(target=self._claim_loop, name="mailsvc-claimer", daemon=True)
         senders = [
             threading.Thread(target=self._send_loop, name=f"mailsvc-sender-{n}", daemon=True)
             for n in range(self.settings.delivery_threads)
         ]
         self._threads = [claimer, *senders]
-        for thread in self._threads:
+        self._keeper = threading.Thread(
+            target=self._keep_leases_loop, name="mailsvc-lease-keeper", daemon=True
+        )
+        for thread in [*self._threads, self._keeper]:
             thread.start()
 
     def wake(self) -> None:
@@ -111,7 +122,10 @@ class DeliveryPool:
         if graceful:
             for sender in senders:
                 sender.join(left())
-        self._threads = []
+        self._stopped.set()
+        if self._keeper is not None:
+            self._keeper.join(left() if graceful else 0)
+        self._threads, self._keeper = [], None
 
     def _claim_loop(self) -> None:
         """Claim as many due emails as there are idle senders, in one job, and hand them over;
@@ -138,6 +152,8 @@ class DeliveryPool:
             if batch and not self._running:
                 self._release([email for email, _ in batch])
                 return
+            with self._held_lock:
+                self._held.update(email.seq for email, _ in batch)
             with self._wakeup:
                 self._idle_senders -= len(batch)
                 if len(batch) == wanted:
@@ -167,17 +183,37 @@ class DeliveryPool:
                 if item is None:
                     return
                 email, key = item
-                if not self._running:
-                    self._release([email])
-                    continue
                 try:
-                    self._attempt(email, key, transport, self._owner)
+                    if not self._running:
+                        self._release([email])
+                    else:
+                        self._attempt(email, key, transport, self._owner)
                 except Exception:
                     log.exception(
                         "email %s: delivery attempt failed; its lease will expire", email.id
                     )
+                finally:
+                    with self._held_lock:
+                        self._held.discard(email.seq)
         finally:
             transport.close()
+
+    def _keep_leases_loop(self) -> None:
+        """Every third of a lease, extend the leases this process holds by a whole lease."""
+        lease = self.settings.lease_seconds
+        while not self._stopped.wait(lease / 3):
+            with self._held_lock:
+                seqs = sorted(self._held)
+            if not seqs:
+                continue
+            try:
+                # A renewal lost with the power goes with the process that held the lease.
+                self.db.run(partial(self._renew, seqs=seqs), durable=False)
+            except Exception:
+                log.exception("renewing leases failed; trying again in %.0f s", lease / 3)
+
+    def _renew(self, tx: Transaction, seqs: list[int]) -> int:
+        return tx.renew_leases(self._owner, seqs, self.clock() + self.settings.lease_seconds)
 
     def _come_free(self) -> None:
         with self._wakeup:

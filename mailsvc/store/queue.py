@@ -129,6 +129,18 @@ class QueueVerbs:
         add_event(self.connection, seq, now, status, {"nextAttemptAt": due_at} if due_at else None)
         return True
 
+    def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:
+        """Extend ``owner``'s leases on these emails to ``until``; an email it no longer holds
+        (its lease ran out and another took it over) is left alone."""
+        if not seqs:
+            return 0
+        marks = ",".join("?" * len(seqs))
+        cursor = self.connection.execute(
+            f"UPDATE emails SET due_at = ? WHERE lease_owner = ? AND seq IN ({marks})",
+            (until, owner, *seqs),
+        )
+        return cursor.rowcount
+
     def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
         """Give back leased emails that were never attempted, due at once for anyone."""
         if not seqs:
