@@ -248,22 +248,28 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
     message = sign_message(build_message(record), DOMAIN, key)
     per_thread = args.drain // threads
 
-    def loop() -> None:
-        connection = smtplib.SMTP("127.0.0.1", sink.port)
-        for _ in range(per_thread):
-            connection.sendmail(f"receipts@{DOMAIN}", ["user0@example.org"], message)
-        connection.quit()
-
     before = sink.count()
-    workers = [threading.Thread(target=loop) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    smtp_clients(sink.port, message, threads, per_thread)
     sink.wait_for(before + per_thread * threads)
     times = [t for t, _ in sink.received()[before:]]
     d0 = (len(times) - 1) / (max(times) - min(times))
     return {"D1": d1, "D0": d0, "threads": threads, "message": message}
+
+
+def smtp_clients(port: int, message: bytes, clients: int, each: int) -> None:
+    """``clients`` threads, each sending ``message`` ``each`` times on one SMTP connection."""
+
+    def loop() -> None:
+        connection = smtplib.SMTP("127.0.0.1", port)
+        for _ in range(each):
+            connection.sendmail(f"receipts@{DOMAIN}", ["user0@example.org"], message)
+        connection.quit()
+
+    threads = [threading.Thread(target=loop) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def bench_postfix(folder: Path, sink: Sink, message: bytes, count: int) -> dict:
@@ -276,20 +282,9 @@ def bench_postfix(folder: Path, sink: Sink, message: bytes, count: int) -> dict:
     connections = 32
     per_connection = count // connections
     delivered_before = sink.count()
-
-    def submit() -> None:
-        connection = smtplib.SMTP("127.0.0.1", relay.port)
-        for _ in range(per_connection):
-            connection.sendmail(f"receipts@{DOMAIN}", ["user0@example.org"], message)
-        connection.quit()
-
     try:
         started = time.time()
-        clients = [threading.Thread(target=submit) for _ in range(connections)]
-        for client in clients:
-            client.start()
-        for client in clients:
-            client.join()
+        smtp_clients(relay.port, message, connections, per_connection)
         submitted = time.time()
         sink.wait_for(delivered_before + per_connection * connections)
         version = relay.version()
