@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import dns.exception
+import dns.nameserver
+import dns.resolver
+
 from .settings import SettingsError
 from .signing import SigningKey, dns_record
 
@@ -91,11 +95,6 @@ class DnsChecker:
         self.nameservers = parse_servers(servers)
 
     def txt(self, name: str) -> Lookup:
-        # dnspython is imported on first use: only domain checks need it, and it is not small.
-        import dns.exception
-        import dns.nameserver
-        import dns.resolver
-
         resolver = dns.resolver.Resolver(configure=not self.nameservers)
         if self.nameservers:
             resolver.nameservers = [
