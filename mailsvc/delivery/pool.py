@@ -200,8 +200,8 @@ class DeliveryPool:
 
     def _keep_leases_loop(self) -> None:
         """Every third of a lease, extend the leases this process holds by a whole lease."""
-        lease = self.settings.lease_seconds
-        while not self._stopped.wait(lease / 3):
+        lease, stopped = self.settings.lease_seconds, self._stopped  # this run's, not a later one's
+        while not stopped.wait(lease / 3):
             with self._held_lock:
                 seqs = sorted(self._held)
             if not seqs:
