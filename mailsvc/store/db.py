@@ -49,19 +49,15 @@ class Database:
         return self._writer.run(work, durable)
 
     @contextmanager
-    def transaction(
-        self, durable: bool = True, on: tuple[sqlite3.Connection, int] | None = None
-    ) -> Iterator[Transaction]:
+    def transaction(self, durable: bool = True) -> Iterator[Transaction]:
         """A write transaction: commits when the block ends, rolls back if it raises.
 
         :param durable: the commit is on disk when it returns (``synchronous`` as configured).
             When False it may be lost on power failure, but not by a crash of the process; a
             later durable commit makes it durable too (the WAL is synced as a whole). For
             writes that matter only while the process lives: rate-limit buckets, claims.
-        :param on: a connection of :meth:`open_connection`, which the caller keeps to one
-            thread at a time; this thread's own connection by default.
         """
-        connection, lock_fd = on or self._connection()
+        connection, lock_fd = self._connection()
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if not durable:
             connection.execute("PRAGMA synchronous = NORMAL")
@@ -95,13 +91,11 @@ class Database:
     def _connection(self) -> tuple[sqlite3.Connection, int]:
         state = getattr(self._local, "state", None)
         if state is None or state[2] != os.getpid():
-            state = (*self.open_connection(), os.getpid())
+            state = (*self._open(), os.getpid())
             self._local.state = state
         return state[0], state[1]
 
-    def open_connection(self) -> tuple[sqlite3.Connection, int]:
-        """A new connection and the descriptor of the lock file, migrated on first use; the
-        caller closes both."""
+    def _open(self) -> tuple[sqlite3.Connection, int]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         connection = sqlite3.connect(

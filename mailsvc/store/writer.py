@@ -5,17 +5,12 @@ transaction and wait for its result. While one batch commits, the next one gathe
 load many jobs share one lock acquisition and one fsync, and only one thread in each process
 competes for the database's write lock. Each job runs in a savepoint of its own: a job that
 raises leaves no trace, and the others in its batch commit as if it had not been there.
-
-When nothing is committing and nothing waits, a job runs at once in its caller's thread, on the
-writer's connection, which saves the two thread switches of the hand-over; one connection a
-process, guarded by a lock, is used either way.
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import sqlite3
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -50,8 +45,6 @@ class Writer:
         self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
         self._pid: int | None = None
         self._start_lock = threading.Lock()
-        self._connection_lock = threading.Lock()  # held by whoever commits on the connection
-        self._connection: tuple[sqlite3.Connection, int] | None = None
 
     def run(self, work: Callable[[Transaction], Result], durable: bool = True) -> Result:
         """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
@@ -61,14 +54,8 @@ class Writer:
         """
         self._ensure_started()
         job: _Job[Result] = _Job(work, durable)
-        if self._queue.empty() and self._connection_lock.acquire(blocking=False):
-            try:
-                self._commit([job])  # type: ignore[list-item]
-            finally:
-                self._connection_lock.release()
-        else:
-            self._queue.put(job)  # type: ignore[arg-type]
-            job.done.wait()
+        self._queue.put(job)  # type: ignore[arg-type]
+        job.done.wait()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]
@@ -87,8 +74,6 @@ class Writer:
         with self._start_lock:
             if self._pid != os.getpid():
                 self._queue = queue.SimpleQueue()
-                self._connection_lock = threading.Lock()  # never one held across fork()
-                self._connection = None
                 threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
                 self._pid = os.getpid()
 
@@ -100,34 +85,24 @@ class Writer:
                 first = jobs_queue.get()
                 jobs = [first] if first is not None else []
                 stopping = first is None
-                with self._connection_lock:
-                    # Gather what is waiting; when stopping, all of it, so no caller is stranded.
-                    while stopping or len(jobs) < MAX_BATCH:
-                        try:
-                            job = jobs_queue.get_nowait()
-                        except queue.Empty:
-                            break
-                        if job is None:
-                            stopping = True
-                        else:
-                            jobs.append(job)
-                    if jobs:
-                        self._commit(jobs)
+                # Gather what is waiting; when stopping, all of it, so no caller is stranded.
+                while stopping or len(jobs) < MAX_BATCH:
+                    try:
+                        job = jobs_queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stopping = True
+                    else:
+                        jobs.append(job)
+                if jobs:
+                    self._commit(jobs)
         finally:
-            with self._connection_lock:
-                if self._connection is not None:
-                    connection, lock_fd = self._connection
-                    connection.close()
-                    os.close(lock_fd)
-                    self._connection = None
+            self.database.close()
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
-        """Run ``jobs`` in one transaction; the caller holds the connection lock."""
         try:
-            if self._connection is None:
-                self._connection = self.database.open_connection()
-            durable = any(job.durable for job in jobs)
-            with self.database.transaction(durable, on=self._connection) as tx:
+            with self.database.transaction(durable=any(job.durable for job in jobs)) as tx:
                 for job in jobs:
                     try:
                         with tx.savepoint():
