@@ -1,0 +1,74 @@
+"""The store's writer: jobs that wait while one commits share the next transaction, and a job
+that fails there leaves no trace while the rest of its batch commits."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mailsvc.store import Database
+
+
+@pytest.fixture
+def db(tmp_path: Path):
+    database = Database(tmp_path / "writer.sqlite3")
+    with sqlite3.connect(database.path) as setup:
+        setup.execute("CREATE TABLE scratch (value TEXT)")
+    yield database
+    database.shutdown()
+
+
+def _insert(value: str, fail: bool = False):
+    def work(tx):
+        tx.connection.execute("INSERT INTO scratch VALUES (?)", (value,))
+        if fail:
+            raise ValueError(f"{value} failed")
+        return value, tx  # the transaction is kept alive, so its identity can be compared
+
+    return work
+
+
+def test_jobs_that_wait_while_one_commits_share_one_transaction(db):
+    results: dict[str, object] = {}
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(tx):
+        holding.set()
+        assert release.wait(5)
+        return "held", tx
+
+    def call(name: str, work) -> None:
+        try:
+            results[name] = db.run(work)
+        except ValueError as exc:
+            results[name] = exc
+
+    holder = threading.Thread(target=call, args=("hold", hold))
+    holder.start()
+    assert holding.wait(5)
+    callers = [
+        threading.Thread(target=call, args=("ok", _insert("kept"))),
+        threading.Thread(target=call, args=("bad", _insert("undone", fail=True))),
+        threading.Thread(target=call, args=("ok2", _insert("kept too"))),
+    ]
+    for caller in callers:
+        caller.start()
+    deadline = time.monotonic() + 5
+    while db._writer._queue.qsize() < len(callers) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    release.set()
+    for thread in (holder, *callers):
+        thread.join(5)
+
+    (kept, batch), (kept_too, same_batch) = results["ok"], results["ok2"]
+    assert (kept, kept_too) == ("kept", "kept too")
+    assert batch is same_batch  # one transaction for the jobs that waited
+    assert batch is not results["hold"][1]
+    assert isinstance(results["bad"], ValueError)
+    with sqlite3.connect(db.path) as check:
+        values = {row[0] for row in check.execute("SELECT value FROM scratch")}
+    assert values == {"kept", "kept too"}
