@@ -7,7 +7,7 @@ import sqlite3
 from typing import Any
 
 from ..signing import SigningKey
-from .records import Domain
+from .records import Domain, rowid_bound
 
 _COLUMNS = (
     "id, account_id, name, verified_at IS NOT NULL, dkim_selector, dkim_private_key, "
@@ -81,7 +81,7 @@ class DomainVerbs:
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM domains WHERE account_id = ? AND rowid < ? "
             f"ORDER BY rowid DESC LIMIT ?",
-            (account_id, before_seq if before_seq is not None else 2**63 - 1, limit),
+            (account_id, rowid_bound(before_seq), limit),
         ).fetchall()
         return [_domain(row) for row in rows]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from .records import ApiKey
+from .records import ApiKey, rowid_bound
 
 _COLUMNS = (
     "id, account_id, secret_hash, scope, revoked_at IS NOT NULL, name, domain, created_at, "
@@ -45,7 +45,7 @@ class KeyVerbs:
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM api_keys WHERE account_id = ? AND revoked_at IS NULL "
             f"AND rowid < ? ORDER BY rowid DESC LIMIT ?",
-            (account_id, before_seq if before_seq is not None else 2**63 - 1, limit),
+            (account_id, rowid_bound(before_seq), limit),
         ).fetchall()
         return [_key(row) for row in rows]
 

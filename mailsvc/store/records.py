@@ -8,6 +8,11 @@ from typing import Any
 from ..signing import SigningKey
 
 
+def rowid_bound(before_seq: int | None) -> int:
+    """The ``rowid < ?`` bound of a page, newest first: above every rowid for the first page."""
+    return before_seq if before_seq is not None else 2**63 - 1
+
+
 @dataclass(frozen=True)
 class Account:
     id: str

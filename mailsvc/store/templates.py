@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from .records import Template
+from .records import Template, rowid_bound
 
 _COLUMNS = "seq, id, account_id, name, subject, html, text, created_at, updated_at"
 
@@ -65,6 +65,6 @@ class TemplateVerbs:
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM templates WHERE account_id = ? AND seq < ? "
             f"ORDER BY seq DESC LIMIT ?",
-            (account_id, before_seq if before_seq is not None else 2**63 - 1, limit),
+            (account_id, rowid_bound(before_seq), limit),
         ).fetchall()
         return [Template(*row) for row in rows]
