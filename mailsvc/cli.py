@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import accounts
+from . import operator
 from .services import build_services
 from .settings import SettingsError, load_settings
 from .store import Database
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "create",
-        lambda db, a: accounts.create_account(db, a.name, a.credits),
+        lambda db, a: operator.create_account(db, a.name, a.credits),
         "create an account",
     )
     sub.add_argument("--name", required=True)
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "add",
-        lambda db, a: accounts.add_credits(db, a.account, a.amount),
+        lambda db, a: operator.add_credits(db, a.account, a.amount),
         "add credit to an account (negative to remove)",
     )
     sub.add_argument("--account", required=True)
@@ -56,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "create",
-        lambda db, a: accounts.create_key(db, a.account, a.scope),
+        lambda db, a: operator.create_key(db, a.account, a.scope),
         "create an API key (shown once)",
     )
     sub.add_argument("--account", required=True)
     sub.add_argument("--scope", choices=("full", "sending"), default="full")
     sub = command(
-        noun, "revoke", lambda db, a: accounts.revoke_key(db, a.key_id), "revoke an API key"
+        noun, "revoke", lambda db, a: operator.revoke_key(db, a.key_id), "revoke an API key"
     )
     sub.add_argument("key_id", metavar="KEY_ID")
 
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "add",
-        lambda db, a: accounts.add_domain(db, a.account, a.domain, a.verified, a.key_bits),
+        lambda db, a: operator.add_domain(db, a.account, a.domain, a.verified, a.key_bits),
         "add a sender domain, with a new DKIM key, to an account",
     )
     sub.add_argument("--account", required=True)
@@ -85,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "show",
-        lambda db, a: accounts.show_domain(db, a.domain, a.account),
+        lambda db, a: operator.show_domain(db, a.domain, a.account),
         "show a domain and the DKIM TXT record to publish",
     )
     sub.add_argument("--account", help="the account, when several added the domain")
@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "verify",
-        lambda db, a: accounts.verify_domain(db, a.services, a.domain, a.account),
+        lambda db, a: operator.verify_domain(db, a.services, a.domain, a.account),
         "look the domain's records up in DNS now (MAILSVC_DNS_SERVERS)",
     )
     sub.add_argument("--account", help="the account, when several added the domain")
@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         noun,
         "set",
-        lambda db, a: accounts.set_limit(db, a.account, a.group, a.per_minute),
+        lambda db, a: operator.set_limit(db, a.account, a.group, a.per_minute),
         "set an account's own rate limit for a route group",
     )
     sub.add_argument("--account", required=True)
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments.key_bits = settings.dkim_key_bits
         arguments.services = build_services(settings, time.time)
         result = arguments.action(db, arguments)
-    except (accounts.OperatorError, SettingsError) as exc:
+    except (operator.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result))

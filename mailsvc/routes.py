@@ -8,7 +8,7 @@ from typing import Any
 
 from werkzeug.routing import Map, Rule
 
-from . import account, domains, emails, keys, templates
+from .api import account, api_keys, domains, emails, templates
 from .auth import FULL, SENDING
 from .ratelimit import LIST, OTHER, SEND
 from .settings import Settings
@@ -71,10 +71,10 @@ GET_DOMAIN = Endpoint(domains.get_domain, OTHER)
 DELETE_DOMAIN = Endpoint(domains.delete_domain, OTHER)
 VERIFY_DOMAIN = Endpoint(domains.verify_domain, OTHER, own_transactions=True)
 CREATE_KEY = Endpoint(
-    keys.create_api_key, OTHER, schema="new_api_key", parse=keys.parse_new_key, status=201
+    api_keys.create_api_key, OTHER, schema="new_api_key", parse=api_keys.parse_new_key, status=201
 )
-LIST_KEYS = Endpoint(keys.list_api_keys, OTHER, schema="page_query")
-REVOKE_KEY = Endpoint(keys.revoke_api_key, OTHER)
+LIST_KEYS = Endpoint(api_keys.list_api_keys, OTHER, schema="page_query")
+REVOKE_KEY = Endpoint(api_keys.revoke_api_key, OTHER)
 GET_ACCOUNT = Endpoint(account.get_account, OTHER)
 
 URL_MAP = Map(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .dnscheck import DnsChecker
+from .mail.dns import DnsChecker
 from .ratelimit import RateLimiter
 from .settings import Settings
 

@@ -15,7 +15,7 @@ import pytest
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.test import Client
 
-from mailsvc import accounts, create_app
+from mailsvc import create_app, operator
 from mailsvc.app import MailService
 from mailsvc.store import Database
 
@@ -81,10 +81,10 @@ def client(app: MailService) -> Client:
 def make_tenant(
     app: MailService, credits: int = 1000, domain: str | None = VERIFIED, scope: str = "full"
 ) -> Tenant:
-    account = accounts.create_account(app.db, "Tenant", credits)
-    key = accounts.create_key(app.db, account["id"], scope)
+    account = operator.create_account(app.db, "Tenant", credits)
+    key = operator.create_key(app.db, account["id"], scope)
     if domain:
-        accounts.add_domain(app.db, account["id"], domain, verified=True)
+        operator.add_domain(app.db, account["id"], domain, verified=True)
     return Tenant(account["id"], key["key"], key["id"])
 
 
@@ -98,10 +98,10 @@ def served_tenant(tmp_path: Path) -> tuple[str, Database, str, dict[str, str]]:
     """A database file with an account for a server process: path, store, account, headers."""
     path = str(tmp_path / "served.sqlite3")
     db = Database(path)
-    account = accounts.create_account(db, "Load", 100_000)
-    key = accounts.create_key(db, account["id"])
-    accounts.add_domain(db, account["id"], VERIFIED, verified=True)
-    accounts.set_limit(db, account["id"], "send", 100_000)
+    account = operator.create_account(db, "Load", 100_000)
+    key = operator.create_key(db, account["id"])
+    operator.add_domain(db, account["id"], VERIFIED, verified=True)
+    operator.set_limit(db, account["id"], "send", 100_000)
     return path, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
 
 

@@ -6,7 +6,7 @@ import threading
 
 from werkzeug.test import Client
 
-from mailsvc import accounts
+from mailsvc import operator
 
 from .conftest import assert_error, email_body, make_tenant
 
@@ -51,14 +51,14 @@ def test_insufficient_credit_is_402_and_costs_nothing(client, app):
     assert balance(app, tenant.id) == 2
     with app.db.transaction() as tx:
         assert tx.connection.execute("SELECT count(*) FROM emails").fetchone()[0] == 0
-    accounts.add_credits(app.db, tenant.id, 1)
+    operator.add_credits(app.db, tenant.id, 1)
     assert client.post("/v1/emails", json=body, headers=tenant.headers).status_code == 200
     assert balance(app, tenant.id) == 0
 
 
 def test_concurrent_requests_never_overspend(app):
     tenant = make_tenant(app, credits=10)
-    accounts.set_limit(app.db, tenant.id, "send", 1000)
+    operator.set_limit(app.db, tenant.id, "send", 1000)
     results = []
     start = threading.Barrier(30)
 

@@ -9,7 +9,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
-from mailsvc.delivery.message import build_message
+from mailsvc.mail.message import build_message
 
 from .conftest import VERIFIED, email_body, make_tenant
 

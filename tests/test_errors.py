@@ -84,9 +84,9 @@ def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):
 
 def test_every_error_path_has_the_same_shape(client, tenant, app):
     """A walk over the error paths of the send route, like datasette's contract test."""
-    from mailsvc import accounts
+    from mailsvc import operator
 
-    sending = accounts.create_key(app.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(app.db, tenant.id, "sending")["key"]
     cases = [
         client.get("/"),
         client.put("/v1/emails"),

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from mailsvc import accounts
+from mailsvc import operator
 
 from .conftest import VERIFIED, email_body
 from .servers import Gunicorn
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def test_rate_limit_holds_across_all_workers(served_tenant, sink, tmp_path):
     path, db, account_id, headers = served_tenant
-    accounts.set_limit(db, account_id, "send", 30)
+    operator.set_limit(db, account_id, "send", 30)
     server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}).start()
     try:
         started = time.monotonic()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from werkzeug.test import Client
 
-from mailsvc import accounts, create_app
+from mailsvc import create_app, operator
 
 from .conftest import assert_error, email_body, make_tenant
 from .test_delivery import post, wait_status
@@ -59,7 +59,7 @@ def test_never_shows_another_accounts_emails(client, tenant, app):
 
 
 def test_filters_by_recipient_sender_and_time(client, tenant, app, clock):
-    accounts.add_domain(app.db, tenant.id, "second.test", verified=True)
+    operator.add_domain(app.db, tenant.id, "second.test", verified=True)
     first = post(client, tenant, to=["a@example.org", "b@example.org"])
     clock.advance(3600)
     second = post(client, tenant, to="b@EXAMPLE.org", from_="news@second.test")
@@ -125,7 +125,7 @@ def test_repeated_parameter_is_refused(client, tenant):
 
 
 def test_sending_key_cannot_list(client, tenant, app):
-    sending = accounts.create_key(app.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(app.db, tenant.id, "sending")["key"]
     response = client.get("/v1/emails", headers={"Authorization": f"Bearer {sending}"})
     assert_error(response, 403)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from werkzeug.test import Client
 
-from mailsvc import accounts, create_app
+from mailsvc import create_app, operator
 from mailsvc.ratelimit import take_token
 
 from .conftest import assert_error, email_body, make_tenant
@@ -81,7 +81,7 @@ def test_get_email_counts_in_the_list_group(limited):
 
 def test_account_limit_overrides_the_default(limited):
     tenant = make_tenant(limited)
-    accounts.set_limit(limited.db, tenant.id, "send", 2)
+    operator.set_limit(limited.db, tenant.id, "send", 2)
     client = Client(limited)
     codes = [
         client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code
@@ -124,7 +124,7 @@ def test_check_order_401_429_400_403_400_402(limited, clock):
         client.post("/v1/emails", data="{bad", headers={"Content-Type": "application/json"}), 401
     )
     # 403 (scope) comes before the handler's own 404
-    sending = accounts.create_key(limited.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(limited.db, tenant.id, "sending")["key"]
     assert_error(
         client.get("/v1/emails/em_missing", headers={"Authorization": f"Bearer {sending}"}), 403
     )

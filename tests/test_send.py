@@ -186,9 +186,9 @@ def test_unverified_domains_are_refused(client, tenant, app):
 
 
 def test_pending_domain_is_not_verified(client, tenant, app):
-    from mailsvc import accounts
+    from mailsvc import operator
 
-    accounts.add_domain(app.db, tenant.id, "pending.test", verified=False)
+    operator.add_domain(app.db, tenant.id, "pending.test", verified=False)
     assert_error(send(client, tenant, email_body(from_="x@pending.test")), 400, "not verified")
 
 

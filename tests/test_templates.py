@@ -7,7 +7,7 @@ import mailbox
 import pytest
 from werkzeug.test import Client
 
-from mailsvc import accounts, create_app
+from mailsvc import create_app, operator
 
 from .conftest import assert_error, email_body, make_tenant
 from .test_delivery import post, wait_status
@@ -196,7 +196,7 @@ def test_the_sandbox_holds(client, tenant):
 
 def test_sending_keys_cannot_manage_templates(client, tenant, app):
     sending = {
-        "Authorization": f"Bearer {accounts.create_key(app.db, tenant.id, 'sending')['key']}"
+        "Authorization": f"Bearer {operator.create_key(app.db, tenant.id, 'sending')['key']}"
     }
     assert_error(client.post("/v1/templates", json=WELCOME, headers=sending), 403)
     assert_error(client.get("/v1/templates", headers=sending), 403)

@@ -25,9 +25,9 @@ from functools import partial
 from .. import statuses
 from ..ids import new_id
 from ..settings import Settings
-from ..signing import SigningKey, sign_message
+from ..mail.dkim import SigningKey, sign_message
 from ..store import Database, EmailRecord, Transaction
-from .message import build_message
+from ..mail.message import build_message
 from .outcome import RetryPolicy, decide, recipient_outcome
 from .transport import RelayUrl, Transport, open_transport
 

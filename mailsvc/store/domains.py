@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from ..signing import SigningKey
+from ..mail.dkim import SigningKey
 from .records import Domain, rowid_bound
 
 _COLUMNS = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..signing import SigningKey
+from ..mail.dkim import SigningKey
 
 
 def rowid_bound(before_seq: int | None) -> int:

@@ -43,10 +43,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mailsvc import accounts
-from mailsvc.delivery.message import build_message
+from mailsvc import operator
+from mailsvc.mail.message import build_message
 from mailsvc.ids import new_id
-from mailsvc.signing import sign_message
+from mailsvc.mail.dkim import sign_message
 from mailsvc.store import Database, NewEmail
 
 from ..servers import Gunicorn, free_port
@@ -156,11 +156,11 @@ def wrk(port: int, body: str, headers: dict[str, str], seconds: float, folder: P
 
 def prepare(database: str) -> tuple[str, str]:
     db = Database(database)
-    account = accounts.create_account(db, "Bench", 10**12)
-    key = accounts.create_key(db, account["id"])["key"]
-    accounts.add_domain(db, account["id"], DOMAIN, verified=True)
+    account = operator.create_account(db, "Bench", 10**12)
+    key = operator.create_key(db, account["id"])["key"]
+    operator.add_domain(db, account["id"], DOMAIN, verified=True)
     for group in ("send", "list", "other"):
-        accounts.set_limit(db, account["id"], group, 10**9)
+        operator.set_limit(db, account["id"], group, 10**9)
     return account["id"], key
 
 

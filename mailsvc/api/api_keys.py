@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from .addresses import normalise_domain
-from .auth import Principal, issue_key, key_prefix
-from .errors import NotFound, ValidationFailed
-from .paging import list_page
-from .services import Services
-from .settings import Settings
-from .store import ApiKey, Transaction
-from .timestamps import iso_time
+from ..mail.addresses import normalise_domain
+from ..auth import Principal, issue_key, key_prefix
+from ..errors import NotFound, ValidationFailed
+from ..paging import list_page
+from ..services import Services
+from ..settings import Settings
+from ..store import ApiKey, Transaction
+from ..timestamps import iso_time
 
 
 def parse_new_key(body: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:

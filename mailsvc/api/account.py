@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .auth import Principal
-from .errors import NotFound
-from .services import Services
-from .store import Transaction
+from ..auth import Principal
+from ..errors import NotFound
+from ..services import Services
+from ..store import Transaction
 
 
 def get_account(tx: Transaction, principal: Principal, services: Services) -> dict[str, Any]:

@@ -10,14 +10,14 @@ import secrets
 import time
 from typing import Any
 
-from .addresses import normalise_domain
+from .mail.addresses import normalise_domain
 from .auth import SCOPES, issue_key
-from .domains import check_domain
+from .api.domains import check_domain
 from .errors import ValidationFailed
 from .ids import new_id
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
-from .signing import dns_record, new_signing_key
+from .mail.dkim import dns_record, new_signing_key
 from .store import Database, Domain, DomainTaken
 
 

@@ -11,23 +11,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import statuses
-from .addresses import Mailbox, parse_address, parse_mailbox
-from .auth import Principal
-from .errors import (
+from .. import statuses
+from ..mail.addresses import Mailbox, parse_address, parse_mailbox
+from ..auth import Principal
+from ..errors import (
     DomainNotVerified,
     Forbidden,
     InsufficientCredit,
     NotFound,
     ValidationFailed,
 )
-from .ids import new_id
-from .paging import DEFAULT_LIMIT, decode_cursor, page
-from .rendering import render
-from .services import Services
-from .settings import Settings
-from .store import EmailFilter, EmailRecord, Event, NewEmail, Transaction
-from .timestamps import iso_time, parse_iso_time
+from ..ids import new_id
+from ..paging import DEFAULT_LIMIT, decode_cursor, page
+from ..mail.rendering import render
+from ..services import Services
+from ..settings import Settings
+from ..store import EmailFilter, EmailRecord, Event, NewEmail, Transaction
+from ..timestamps import iso_time, parse_iso_time
 
 
 @dataclass(frozen=True)

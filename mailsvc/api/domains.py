@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .addresses import normalise_domain
-from .auth import Principal
-from .dnscheck import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
-from .errors import AlreadyExists, NotFound, ValidationFailed
-from .ids import new_id
-from .paging import list_page
-from .services import Services
-from .settings import Settings
-from .signing import SigningKey, new_signing_key
-from .store import Database, Domain, DomainTaken, Transaction
-from .timestamps import iso_time
+from ..mail.addresses import normalise_domain
+from ..auth import Principal
+from ..mail.dns import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
+from ..errors import AlreadyExists, NotFound, ValidationFailed
+from ..ids import new_id
+from ..paging import list_page
+from ..services import Services
+from ..settings import Settings
+from ..mail.dkim import SigningKey, new_signing_key
+from ..store import Database, Domain, DomainTaken, Transaction
+from ..timestamps import iso_time
 
 
 @dataclass(frozen=True)

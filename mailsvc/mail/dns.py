@@ -16,8 +16,8 @@ import dns.exception
 import dns.nameserver
 import dns.resolver
 
-from .settings import SettingsError
-from .signing import SigningKey, dns_record
+from ..settings import SettingsError
+from .dkim import SigningKey, dns_record
 
 OWNERSHIP = "ownership"
 DKIM = "dkim"

@@ -6,15 +6,15 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from .auth import Principal
-from .errors import NotFound
-from .ids import new_id
-from .paging import list_page
-from .rendering import check_syntax, render
-from .services import Services
-from .settings import Settings
-from .store import Template, Transaction
-from .timestamps import iso_time
+from ..auth import Principal
+from ..errors import NotFound
+from ..ids import new_id
+from ..paging import list_page
+from ..mail.rendering import check_syntax, render
+from ..services import Services
+from ..settings import Settings
+from ..store import Template, Transaction
+from ..timestamps import iso_time
 
 
 def parse_template(body: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:

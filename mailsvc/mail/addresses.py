@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import idna
 
-from .errors import ValidationFailed
+from ..errors import ValidationFailed
 
 # RFC 5322 atext, plus any non-ASCII character (RFC 6532).
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-\u0080-\U0010ffff]"

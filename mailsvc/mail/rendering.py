@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from .errors import ValidationFailed
+from ..errors import ValidationFailed
 
 if TYPE_CHECKING:
     from jinja2 import nodes

@@ -1,0 +1,1 @@
+"""The handlers of the HTTP API, one module per resource."""

@@ -1,0 +1,1 @@
+"""Mail concerns: addresses, templates, DKIM, DNS records, and the MIME message."""
