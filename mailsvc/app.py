@@ -1,11 +1,19 @@
 """The WSGI application: the dispatcher and ``create_app``.
 
-Every request goes through the same steps, in the order the checks must answer: route
-(404/405), input read (kept for later), then as one job of the store's writer (one transaction,
-shared with other requests' jobs): API key (401), rate limit (429), input (400/413/415), key
-scope (403), idempotency (409/422, or the stored answer), and the handler (its own
-400/402/404). The rate-limit token is committed even when a later step refuses the request;
-nothing else a refused request did is.
+A request is answered in the order its checks must answer, and nothing that costs happens
+before the caller is known:
+
+1. route (404/405);
+2. API key (401): one read of the store, none for a malformed header;
+3. rate limit (429): one short write that takes a token, kept even when a later step refuses;
+4. input (400/413/415): only now is the body read, and parsed strictly;
+5. key scope (403);
+6. idempotency key: a finished request's answer is replayed (422 for another request with the
+   same key);
+7. the handler. A read runs in one read transaction. A write prepares outside any lock (it
+   renders, makes keys, looks up DNS) and its change is applied, with the idempotency claim, in
+   one job of the store's writer: it commits whole, or is refused (400/402/404/409) and leaves
+   nothing behind.
 """
 
 from __future__ import annotations
@@ -13,24 +21,23 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from werkzeug.exceptions import HTTPException
+from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 
 from . import idempotency
-from .auth import Principal, authenticate, require_scope
+from .auth import Principal, authenticate, read_token, require_scope
+from .changes import Change
 from .delivery import DeliveryPool
-from .errors import ServiceError, render_error
+from .errors import render_error
+from .idempotency import Claim, Replay
 from .inputs import Input, read_input
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
-from .store import Database, Transaction
+from .store import Store, Writes, open_store
 from .validation import Schemas
-
-Refusal = ServiceError | HTTPException
 
 
 class MailService:
@@ -42,11 +49,12 @@ class MailService:
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.db = Database(settings.database, settings.sqlite_synchronous)
+        self.clock = clock
+        self.store: Store = open_store(settings.database, settings.sqlite_synchronous)
         self.schemas = Schemas()
-        self.services = build_services(settings, clock)
-        self.limiter = self.services.limiter
-        self.delivery = DeliveryPool(self.db, settings, clock)
+        self.services = build_services(settings, clock, self.store)
+        self.delivery = DeliveryPool(self.store, settings, clock)
+        self.url_map: Map = URL_MAP
 
     def start(self) -> None:
         """Start the delivery threads of this process (after ``fork()``)."""
@@ -54,128 +62,88 @@ class MailService:
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
         """Stop delivery; when graceful, let the SMTP transactions in flight finish first. Then
-        the store's writer thread ends (it starts again if the app is used afterwards)."""
+        the store lets go of this process's connections and threads (it opens them again if the
+        app is used afterwards)."""
         self.delivery.stop(graceful=graceful, timeout=timeout)
-        self.db.shutdown()
+        self.store.shutdown()
 
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
-        request = Request(environ)
-        request.max_content_length = self.settings.max_body_bytes
         try:
-            response = self.dispatch(request)
+            response = self.dispatch(Request(environ))
         except Exception as exc:
             response = render_error(exc)
         return response(environ, start_response)
 
     def dispatch(self, request: Request) -> Response:
-        endpoint, matched = URL_MAP.bind_to_environ(request.environ).match()
+        endpoint, arguments = self.url_map.bind_to_environ(request.environ).match()
+        now = self.clock()
+        caller = self._admit(request, endpoint, now)
         given = read_input(request, endpoint, self.schemas, self.settings)
-        arguments = {**matched, **given.arguments}
-        keyed = request.method == "POST" and not endpoint.own_transactions
-        idempotency_key = request.headers.get(idempotency.HEADER) if keyed else None
+        require_scope(caller, endpoint.scopes)
+        arguments.update(given.arguments)
+        if not endpoint.writes:
+            with self.store.read() as view:
+                data = endpoint.handler(view, caller, self.services, **arguments)
+            return _json_response(json.dumps(data), endpoint.status)
+        claim = self._claim(request, caller, given, now)
+        if claim is not None:
+            replay = idempotency.stored_answer(self.store.reads, claim)
+            if replay is not None:
+                return _replayed(replay)
+        change: Change = endpoint.handler(self.store.reads, caller, self.services, **arguments)
+        body = json.dumps(change.answer)
+        if claim is not None or change.apply is not None:
+            kept = body if change.replayed is None else json.dumps(change.replayed)
 
-        def check_and_handle(tx: Transaction) -> _Checked:
-            return self._check_and_handle(tx, request, endpoint, given, arguments, idempotency_key)
+            def apply(tx: Writes) -> Replay | None:
+                if claim is not None:
+                    earlier = idempotency.claim(tx, claim, endpoint.status, kept)
+                    if earlier is not None:
+                        return earlier
+                if change.apply is not None:
+                    change.apply(tx)
+                return None
 
-        # A GET writes only its rate-limit token: that need not wait for the disk.
-        durable = request.method not in ("GET", "HEAD") and idempotency_key is None
-        checked = self.db.run(check_and_handle, durable=durable)
-        if checked.refusal is not None:
-            raise checked.refusal
-        if endpoint.own_transactions:
-            data = endpoint.handler(self.db, checked.principal, self.services, **arguments)
-        elif checked.replay is not None:
-            replay = checked.replay
-            return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
-        elif checked.key is not None:
-            data = self._handle_once(endpoint, checked.principal, arguments, checked.key)
-        else:
-            data = checked.data
-        if endpoint.wakes_delivery:
+            replay = self.store.write(apply)
+            if replay is not None:
+                return _replayed(replay)
+        if change.wakes_delivery:
             self.delivery.wake()
-        return _json_response(json.dumps(data), endpoint.status)
+        return _json_response(body, endpoint.status)
 
-    def _check_and_handle(
-        self,
-        tx: Transaction,
-        request: Request,
-        endpoint: Endpoint,
-        given: Input,
-        arguments: dict[str, Any],
-        idempotency_key: str | None,
-    ) -> _Checked:
-        """The checks in the spec's order, then the handler (or the idempotency claim); runs in
-        the writer. A refusal after the rate limit keeps the token and undoes everything else."""
-        now = self.services.clock()
-        principal = authenticate(request.headers.get("Authorization"), tx, now)
-        self.limiter.consume(tx, principal.account_id, endpoint.rate_group, now)
-        checked = _Checked(principal)
-        try:
-            with tx.savepoint():
-                if given.refusal is not None:
-                    raise given.refusal
-                key = idempotency.check_key(idempotency_key)
-                require_scope(principal, endpoint.scopes)
-                if endpoint.own_transactions:
-                    return checked
-                if key is None:
-                    checked.data = endpoint.handler(tx, principal, self.services, **arguments)
-                else:
-                    checked.key = key
-                    checked.replay = idempotency.begin(
-                        tx,
-                        principal.account_id,
-                        key,
-                        idempotency.fingerprint(request.method, request.path, given.document),
-                        now,
-                        self.settings.idempotency_ttl_seconds,
-                    )
-        except (ServiceError, HTTPException) as exc:
-            checked.refusal, checked.key = exc, None
-        return checked
+    def _admit(self, request: Request, endpoint: Endpoint, now: float) -> Principal:
+        """Who is asking (401), and whether they may ask now (429)."""
+        token = read_token(request.headers.get("Authorization"))
+        limiter = self.services.limiter
+        with self.store.read() as view:
+            caller = authenticate(token, view)
+            per_minute = limiter.limits_for(view, caller.account_id)[endpoint.rate_group]
+        limiter.admit(self.store, caller, endpoint.rate_group, per_minute, now)
+        return caller
 
-    def _handle_once(
-        self, endpoint: Endpoint, principal: Principal, arguments: dict[str, Any], key: str
-    ) -> dict[str, Any]:
-        """Run a request that claimed an idempotency key, and keep its answer with the key;
-        a refused or failed request gives the key back."""
-        account_id = principal.account_id
-
-        def attempt(tx: Transaction) -> dict[str, Any] | Refusal:
-            try:
-                with tx.savepoint():
-                    data = endpoint.handler(tx, principal, self.services, **arguments)
-            except (ServiceError, HTTPException) as exc:
-                tx.forget_idempotent(account_id, key)
-                return exc
-            tx.finish_idempotent(account_id, key, endpoint.status, json.dumps(data))
-            return data
-
-        try:
-            outcome = self.db.run(attempt)
-        except Exception:  # an unexpected error: give the key back too
-            self.db.run(lambda tx: tx.forget_idempotent(account_id, key))
-            raise
-        if isinstance(outcome, ServiceError | HTTPException):
-            raise outcome
-        return outcome
-
-
-@dataclass
-class _Checked:
-    """What the checks of a request found, and the handler's answer when it ran with them."""
-
-    principal: Principal
-    data: dict[str, Any] | None = None
-    refusal: Refusal | None = None
-    key: str | None = None
-    replay: idempotency.Replay | None = None
+    def _claim(self, request: Request, caller: Principal, given: Input, now: float) -> Claim | None:
+        if request.method != "POST":
+            return None
+        key = idempotency.check_key(request.headers.get(idempotency.HEADER))
+        if key is None:
+            return None
+        return Claim(
+            caller.account_id,
+            key,
+            idempotency.fingerprint(request.method, request.path, given.document),
+            now,
+            self.settings.idempotency_ttl_seconds,
+        )
 
 
 def _json_response(body: str, status: int, headers: dict[str, str] | None = None) -> Response:
     return Response(body, status=status, headers=headers, content_type="application/json")
+
+
+def _replayed(replay: Replay) -> Response:
+    return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
 
 
 def create_app(

@@ -2,7 +2,8 @@
 
 A key reads ``ms_<key id>_<secret>``. The secret holds 256 random bits and only its SHA-256 is
 stored: with that much entropy a slow hash adds nothing. Keys are looked up by id and the hash is
-compared in constant time, so timing says nothing about the secret.
+compared in constant time, so timing says nothing about the secret. Checking a key only reads
+the store: a malformed header is refused without touching it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from .errors import Forbidden, NotAuthenticated
 from .ids import new_id
-from .store import Transaction
+from .store import Reads
 
 FULL = "full"
 SENDING = "sending"
@@ -34,6 +35,8 @@ class Principal:
     scope: str
     #: The only sender domain the key may send from; None: any of the account's.
     domain: str | None = None
+    #: When the key was last noted as used (kept to the minute).
+    last_used_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -55,10 +58,18 @@ def key_prefix(key_id: str) -> str:
     return f"ms_{key_id.removeprefix('key_')[:8]}"
 
 
-def authenticate(authorization: str | None, tx: Transaction, now: float) -> Principal:
-    """The principal an ``Authorization`` header names; notes that its key was used.
+@dataclass(frozen=True)
+class Token:
+    """An API key as a request presents it: the key's id and its secret."""
 
-    :raises NotAuthenticated: the header is missing, malformed, or names no live key.
+    key_id: str
+    secret: str
+
+
+def read_token(authorization: str | None) -> Token:
+    """The key an ``Authorization`` header presents, checked for form only (no I/O).
+
+    :raises NotAuthenticated: the header is missing or malformed.
     """
     if not authorization:
         raise NotAuthenticated("Authorization: missing; send 'Authorization: Bearer <API key>'")
@@ -66,15 +77,22 @@ def authenticate(authorization: str | None, tx: Transaction, now: float) -> Prin
     match = _TOKEN.fullmatch(token.strip())
     if scheme.lower() != "bearer" or match is None:
         raise NotAuthenticated("Authorization: malformed; expected 'Bearer <API key>'")
-    key = tx.get_api_key("key_" + match.group(1))
+    return Token("key_" + match.group(1), match.group(2))
+
+
+def authenticate(token: Token, reads: Reads) -> Principal:
+    """The principal a token names.
+
+    :raises NotAuthenticated: it names no live key, or the secret is wrong.
+    """
+    key = reads.get_api_key(token.key_id)
     if (
         key is None
         or key.revoked
-        or not hmac.compare_digest(key.secret_hash, _hash(match.group(2)))
+        or not hmac.compare_digest(key.secret_hash, _hash(token.secret))
     ):
         raise NotAuthenticated("Authorization: unknown or revoked API key")
-    tx.touch_api_key(key.id, now)
-    return Principal(key.account_id, key.id, key.scope, key.domain)
+    return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at)
 
 
 def require_scope(principal: Principal, scopes: tuple[str, ...]) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 from . import operator
 from .services import build_services
 from .settings import SettingsError, load_settings
-from .store import Database
+from .store import Store, open_store
 
-Action = Callable[[Database, argparse.Namespace], dict[str, Any]]
+Action = Callable[[Store, argparse.Namespace], dict[str, Any]]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -116,10 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        db = Database(settings.database, settings.sqlite_synchronous)
+        store = open_store(settings.database, settings.sqlite_synchronous)
         arguments.key_bits = settings.dkim_key_bits
-        arguments.services = build_services(settings, time.time)
-        result = arguments.action(db, arguments)
+        arguments.services = build_services(settings, time.time, store)
+        result = arguments.action(store, arguments)
     except (operator.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {exc}", file=sys.stderr)
         return 1

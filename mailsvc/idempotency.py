@@ -1,10 +1,12 @@
 """Idempotency keys: a POST retried with the same ``Idempotency-Key`` gets the first answer.
 
-A key belongs to an account. The first request claims it (committed at once, so every worker
-sees the claim), runs, and stores its 2xx answer with the claim; a retry with the same request
-within ``idempotency_ttl_seconds`` gets that answer again and changes nothing. The same key with
-another request is a 422; while the first still runs, a 409. A request refused with 4xx (or
-failing with 5xx) gives the key back, so the client can fix it and retry with the same key.
+A key belongs to an account. The first request claims the key, does its work and stores its
+answer in one transaction of the store (:func:`claim`), so nothing is ever seen half-done: a
+retry that arrives while the first still runs waits for it (PostgreSQL makes the second claim
+wait on the first's row; SQLite runs one writer at a time) and then gets the stored answer. A
+retry within ``idempotency_ttl_seconds`` gets that answer again and changes nothing; the same key
+with another request is a 422. A request refused with 4xx (or failing with 5xx) stores nothing,
+so the client can fix it and retry with the same key.
 """
 
 from __future__ import annotations
@@ -14,18 +16,31 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import IdempotencyConflict, IdempotencyMismatch, ValidationFailed
-from .store import Transaction
+from .errors import IdempotencyMismatch, ValidationFailed
+from .store import IdempotentRequest, Reads, Writes
 
 HEADER = "Idempotency-Key"
-#: How long a claim holds before it counts as abandoned (its process died).
-IN_FLIGHT_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
 class Replay:
     status: int
     body: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A request that uses an idempotency key: whose, which, and what it is."""
+
+    account_id: str
+    key: str
+    fingerprint: str
+    now: float
+    ttl: float
+
+    @property
+    def live_after(self) -> float:
+        return self.now - self.ttl
 
 
 def check_key(value: str | None) -> str | None:
@@ -43,27 +58,36 @@ def fingerprint(method: str, path: str, document: Any) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def begin(
-    tx: Transaction, account_id: str, key: str, request: str, now: float, ttl: float
-) -> Replay | None:
-    """Claim ``key`` for this request, or return the answer it already has.
+def stored_answer(reads: Reads, request: Claim) -> Replay | None:
+    """The answer already stored for the key, read without writing: a retry of a finished
+    request is answered without preparing it again.
 
     :raises IdempotencyMismatch: the key was used with another request.
-    :raises IdempotencyConflict: the first request with the key is still running.
     """
-    tx.purge_idempotent(now - ttl)
-    earlier = tx.get_idempotent(account_id, key)
-    if earlier is not None and earlier.created_at > now - ttl:
-        if earlier.fingerprint != request:
-            raise IdempotencyMismatch(
-                f"{HEADER}: already used with a different request; use a new key"
-            )
-        if earlier.in_flight_until is None:
-            assert earlier.response_status is not None and earlier.response_body is not None
-            return Replay(earlier.response_status, earlier.response_body)
-        if earlier.in_flight_until > now:
-            raise IdempotencyConflict(
-                f"{HEADER}: the first request with this key is still in progress; retry shortly"
-            )
-    tx.start_idempotent(account_id, key, request, now, now + IN_FLIGHT_SECONDS)
-    return None
+    earlier = reads.get_idempotent(request.account_id, request.key, request.live_after)
+    return _replay(earlier, request) if earlier is not None else None
+
+
+def claim(tx: Writes, request: Claim, status: int, body: str) -> Replay | None:
+    """Claim the key with the answer this request will have, inside the request's write job;
+    the earlier answer instead when the key is taken. Expired answers are purged a few at a time.
+
+    :raises IdempotencyMismatch: the key was used with another request.
+    """
+    tx.purge_idempotent(request.live_after)
+    earlier = tx.claim_idempotency(
+        request.account_id,
+        request.key,
+        request.fingerprint,
+        request.now,
+        request.live_after,
+        status,
+        body,
+    )
+    return _replay(earlier, request) if earlier is not None else None
+
+
+def _replay(earlier: IdempotentRequest, request: Claim) -> Replay:
+    if earlier.fingerprint != request.fingerprint:
+        raise IdempotencyMismatch(f"{HEADER}: already used with a different request; use a new key")
+    return Replay(earlier.response_status, earlier.response_body)

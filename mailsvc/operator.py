@@ -10,66 +10,69 @@ import secrets
 import time
 from typing import Any
 
-from .mail.addresses import normalise_domain
-from .auth import SCOPES, issue_key
 from .api.domains import check_domain
-from .errors import ValidationFailed
+from .auth import SCOPES, issue_key
+from .errors import ServiceError, ValidationFailed
 from .ids import new_id
+from .mail.addresses import normalise_domain
+from .mail.dkim import dns_record, new_signing_key
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
-from .mail.dkim import dns_record, new_signing_key
-from .store import Database, Domain, DomainTaken
+from .store import Domain, DomainTaken, Reads, Store, Writes
 
 
 class OperatorError(Exception):
     """An operator action that cannot be done, with the reason."""
 
 
-def create_account(db: Database, name: str, credits: int = 0) -> dict[str, Any]:
+def create_account(store: Store, name: str, credits: int = 0) -> dict[str, Any]:
     if not name.strip():
         raise OperatorError("--name: must not be empty")
     if credits < 0:
         raise OperatorError("--credits: must be at least 0")
-    with db.transaction() as tx:
-        account = tx.create_account(new_id("acc"), name.strip(), credits, time.time())
+    account = store.write(
+        lambda tx: tx.create_account(new_id("acc"), name.strip(), credits, time.time())
+    )
     return {"id": account.id, "name": account.name, "credits": account.credits}
 
 
-def add_credits(db: Database, account_id: str, amount: int) -> dict[str, Any]:
-    with db.transaction() as tx:
-        balance = tx.add_credits(account_id, amount)
+def add_credits(store: Store, account_id: str, amount: int) -> dict[str, Any]:
+    balance = store.write(lambda tx: tx.add_credits(account_id, amount))
     if balance is None:
         raise OperatorError(f"account {account_id}: not found")
     return {"account": account_id, "credits": balance}
 
 
-def create_key(db: Database, account_id: str, scope: str = "full") -> dict[str, Any]:
+def create_key(store: Store, account_id: str, scope: str = "full") -> dict[str, Any]:
     if scope not in SCOPES:
         raise OperatorError(f"--scope: must be one of {', '.join(SCOPES)}")
     key = issue_key()
-    with db.transaction() as tx:
+
+    def create(tx: Writes) -> None:
         _require_account(tx, account_id)
         tx.create_api_key(key.id, account_id, key.secret_hash, scope, time.time())
+
+    store.write(create)
     return {"id": key.id, "key": key.token, "scope": scope}
 
 
-def revoke_key(db: Database, key_id: str) -> dict[str, Any]:
-    with db.transaction() as tx:
-        if not tx.revoke_api_key(key_id, time.time()):
-            raise OperatorError(f"key {key_id}: not found")
+def revoke_key(store: Store, key_id: str) -> dict[str, Any]:
+    if not store.write(lambda tx: tx.revoke_api_key(key_id, time.time())):
+        raise OperatorError(f"key {key_id}: not found")
     return {"id": key_id, "revoked": True}
 
 
 def add_domain(
-    db: Database, account_id: str, domain: str, verified: bool, key_bits: int = 2048
+    store: Store, account_id: str, domain: str, verified: bool, key_bits: int = 2048
 ) -> dict[str, Any]:
     """Add a sender domain, with a new DKIM key, to an account; ``verified`` marks it verified."""
     name = _domain_name(domain)
-    signing_key = new_signing_key(key_bits)  # before the transaction: it takes a while
-    with db.transaction() as tx:
+    signing_key = new_signing_key(key_bits)  # before the write: it takes a while
+
+    def add(tx: Writes) -> Domain:
         _require_account(tx, account_id)
         try:
-            added = tx.add_domain(
+            return tx.add_domain(
                 new_id("dom"),
                 account_id,
                 name,
@@ -80,15 +83,17 @@ def add_domain(
             )
         except DomainTaken:
             raise OperatorError(f"domain {name}: already verified by another account") from None
+
+    added = store.write(add)
     return {"domain": name, "verified": added.verified}
 
 
-def show_domain(db: Database, domain: str, account_id: str | None = None) -> dict[str, Any]:
+def show_domain(store: Store, domain: str, account_id: str | None = None) -> dict[str, Any]:
     """A domain and the DKIM record to publish for it.
 
     Without ``account_id``: the account that verified it, else the only one that added it.
     """
-    entry = _one_domain(db, domain, account_id)
+    entry = _one_domain(store.reads, domain, account_id)
     return {
         "domain": entry.name,
         "id": entry.id,
@@ -99,20 +104,22 @@ def show_domain(db: Database, domain: str, account_id: str | None = None) -> dic
 
 
 def verify_domain(
-    db: Database, services: Services, domain: str, account_id: str | None = None
+    store: Store, services: Services, domain: str, account_id: str | None = None
 ) -> dict[str, Any]:
     """Check the domain's records in DNS now, as ``POST /v1/domains/{id}/verify`` does."""
-    entry = _one_domain(db, domain, account_id)
+    entry = _one_domain(store.reads, domain, account_id)
     try:
-        return check_domain(db, services, entry.account_id, entry.id)
-    except ValidationFailed as exc:
+        change = check_domain(store.reads, services, entry.account_id, entry.id)
+        if change.apply is not None:
+            store.write(change.apply)
+    except ServiceError as exc:
         raise OperatorError(exc.message) from None
+    return change.answer
 
 
-def _one_domain(db: Database, domain: str, account_id: str | None) -> Domain:
+def _one_domain(reads: Reads, domain: str, account_id: str | None) -> Domain:
     name = _domain_name(domain)
-    with db.transaction() as tx:
-        found = [d for d in tx.find_domains(name) if account_id in (None, d.account_id)]
+    found = [d for d in reads.find_domains(name) if account_id in (None, d.account_id)]
     if not found:
         raise OperatorError(f"domain {name}: not found")
     if len(found) > 1 and not found[0].verified:
@@ -120,14 +127,17 @@ def _one_domain(db: Database, domain: str, account_id: str | None) -> Domain:
     return found[0]
 
 
-def set_limit(db: Database, account_id: str, group: str, per_minute: int) -> dict[str, Any]:
+def set_limit(store: Store, account_id: str, group: str, per_minute: int) -> dict[str, Any]:
     if group not in ROUTE_GROUPS:
         raise OperatorError(f"--group: must be one of {', '.join(ROUTE_GROUPS)}")
     if per_minute < 1:
         raise OperatorError("--per-minute: must be at least 1")
-    with db.transaction() as tx:
+
+    def limit(tx: Writes) -> None:
         _require_account(tx, account_id)
         tx.set_rate_limit(account_id, group, per_minute)
+
+    store.write(limit)
     return {"account": account_id, "group": group, "perMinute": per_minute}
 
 
@@ -138,6 +148,6 @@ def _domain_name(domain: str) -> str:
         raise OperatorError(exc.message) from None
 
 
-def _require_account(tx: Any, account_id: str) -> None:
-    if tx.get_account(account_id) is None:
+def _require_account(reads: Reads, account_id: str) -> None:
+    if reads.get_account(account_id) is None:
         raise OperatorError(f"account {account_id}: not found")

@@ -18,22 +18,22 @@ from .settings import Settings
 class Endpoint:
     """A route's handler and what the dispatcher must check before calling it.
 
+    :param handler: a read, ``handler(view, caller, services, **arguments) -> data``, runs in one
+        read transaction. A write, ``handler(reads, caller, services, **arguments) -> Change``,
+        prepares outside any lock what the dispatcher then applies in one job of the store's
+        writer (see :mod:`mailsvc.changes`).
     :param schema: the JSON Schema (in ``schemas/``) of the body, or of the query for a GET.
     :param parse: turns schema-valid input, with the settings, into what the handler takes;
         no I/O, may refuse.
-    :param own_transactions: the handler takes the :class:`~mailsvc.store.Database` and opens
-        its own short transactions, for a route that waits on the network (DNS). It runs after
-        the checks commit, and an ``Idempotency-Key`` is not needed (nor kept) for it.
     """
 
-    handler: Callable[..., dict[str, Any]]
+    handler: Callable[..., Any]
     rate_group: str
     scopes: tuple[str, ...] = (FULL,)
     schema: str | None = None
     parse: Callable[[dict[str, Any], Settings], Any] | None = None
     status: int = 200
-    wakes_delivery: bool = False
-    own_transactions: bool = False
+    writes: bool = False
 
 
 SEND_EMAIL = Endpoint(
@@ -42,7 +42,7 @@ SEND_EMAIL = Endpoint(
     scopes=(FULL, SENDING),
     schema="send_email",
     parse=emails.parse_send_request,
-    wakes_delivery=True,
+    writes=True,
 )
 LIST_EMAILS = Endpoint(
     emails.list_emails, LIST, schema="list_emails", parse=emails.parse_list_query
@@ -54,27 +54,44 @@ CREATE_TEMPLATE = Endpoint(
     schema="template",
     parse=templates.parse_template,
     status=201,
+    writes=True,
 )
 LIST_TEMPLATES = Endpoint(templates.list_templates, OTHER, schema="page_query")
 GET_TEMPLATE = Endpoint(templates.get_template, OTHER)
 UPDATE_TEMPLATE = Endpoint(
-    templates.update_template, OTHER, schema="template", parse=templates.parse_template
+    templates.update_template,
+    OTHER,
+    schema="template",
+    parse=templates.parse_template,
+    writes=True,
 )
-DELETE_TEMPLATE = Endpoint(templates.delete_template, OTHER)
-RENDER_TEMPLATE = Endpoint(templates.render_template, OTHER, schema="render_template")
+DELETE_TEMPLATE = Endpoint(templates.delete_template, OTHER, writes=True)
+RENDER_TEMPLATE = Endpoint(
+    templates.render_template, OTHER, schema="render_template", writes=True
+)
 
 CREATE_DOMAIN = Endpoint(
-    domains.create_domain, OTHER, schema="new_domain", parse=domains.parse_new_domain, status=201
+    domains.create_domain,
+    OTHER,
+    schema="new_domain",
+    parse=domains.parse_new_domain,
+    status=201,
+    writes=True,
 )
 LIST_DOMAINS = Endpoint(domains.list_domains, OTHER, schema="page_query")
 GET_DOMAIN = Endpoint(domains.get_domain, OTHER)
-DELETE_DOMAIN = Endpoint(domains.delete_domain, OTHER)
-VERIFY_DOMAIN = Endpoint(domains.verify_domain, OTHER, own_transactions=True)
+DELETE_DOMAIN = Endpoint(domains.delete_domain, OTHER, writes=True)
+VERIFY_DOMAIN = Endpoint(domains.verify_domain, OTHER, writes=True)
 CREATE_KEY = Endpoint(
-    api_keys.create_api_key, OTHER, schema="new_api_key", parse=api_keys.parse_new_key, status=201
+    api_keys.create_api_key,
+    OTHER,
+    schema="new_api_key",
+    parse=api_keys.parse_new_key,
+    status=201,
+    writes=True,
 )
 LIST_KEYS = Endpoint(api_keys.list_api_keys, OTHER, schema="page_query")
-REVOKE_KEY = Endpoint(api_keys.revoke_api_key, OTHER)
+REVOKE_KEY = Endpoint(api_keys.revoke_api_key, OTHER, writes=True)
 GET_ACCOUNT = Endpoint(account.get_account, OTHER)
 
 URL_MAP = Map(

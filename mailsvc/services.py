@@ -1,4 +1,4 @@
-"""What a handler may depend on besides the store: settings, clock, rate limits, DNS."""
+"""What a handler may depend on besides its input: settings, clock, rate limits, DNS, cursors."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .mail.dns import DnsChecker
+from .mail.rendering import TemplateLimits
+from .paging import Cursors
 from .ratelimit import RateLimiter
 from .settings import Settings
+from .store import Store
 
 
 @dataclass(frozen=True)
@@ -17,9 +20,11 @@ class Services:
     clock: Callable[[], float]
     limiter: RateLimiter
     dns: DnsChecker
+    cursors: Cursors
+    template_limits: TemplateLimits
 
 
-def build_services(settings: Settings, clock: Callable[[], float]) -> Services:
+def build_services(settings: Settings, clock: Callable[[], float], store: Store) -> Services:
     """The handlers' dependencies as the settings say: for the app and the CLI alike."""
     limiter = RateLimiter(
         {
@@ -28,6 +33,6 @@ def build_services(settings: Settings, clock: Callable[[], float]) -> Services:
             "other": settings.rate_other_per_minute,
         }
     )
-    return Services(
-        settings, clock, limiter, DnsChecker(settings.dns_servers, settings.dns_timeout_seconds)
-    )
+    dns = DnsChecker(settings.dns_servers, settings.dns_timeout_seconds)
+    templates = TemplateLimits.from_settings(settings)
+    return Services(settings, clock, limiter, dns, Cursors(store), templates)

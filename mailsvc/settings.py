@@ -134,6 +134,33 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
+    Setting(
+        "template_max_source_chars",
+        100_000,
+        "Largest template part (subject, html or text), in characters. Gmail clips a message "
+        "over 102 KB, so a bigger template is a mistake or an attack.",
+        _positive_int,
+    ),
+    Setting(
+        "template_max_output_chars",
+        1_000_000,
+        "Largest rendered template part, in characters: what a request body may carry.",
+        _positive_int,
+    ),
+    Setting(
+        "template_render_cpu_ms",
+        100,
+        "CPU time one render (all parts of a template) may take; a usual email template "
+        "renders in 1 to 5 ms.",
+        _positive_int,
+    ),
+    Setting(
+        "template_cache_bytes",
+        16_000_000,
+        "Memory each worker process may keep compiled templates in (an estimate: twice the "
+        "source and 200 bytes a node).",
+        _positive_int,
+    ),
     Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
     Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),

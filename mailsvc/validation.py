@@ -74,7 +74,7 @@ def _schema_folder() -> Traversable:
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:
-    return sorted(errors, key=lambda error: (len(error.absolute_path), _field(error.absolute_path)))
+    return sorted(errors, key=lambda error: (len(error.absolute_path), field_path(error.absolute_path)))
 
 
 def _unique(messages: Iterable[str]) -> list[str]:
@@ -83,7 +83,7 @@ def _unique(messages: Iterable[str]) -> list[str]:
 
 def describe(error: ValidationError) -> str:
     """``"<field>: <rule>"`` for one schema failure."""
-    field = _field(error.absolute_path)
+    field = field_path(error.absolute_path)
     keyword = str(error.validator)
     custom = error.schema.get("x-messages", {}) if isinstance(error.schema, Mapping) else {}
     if keyword == "required":
@@ -123,7 +123,8 @@ def _rule(keyword: str, value: Any) -> str:
     return f"does not satisfy {keyword}"
 
 
-def _field(path: Iterable[Any]) -> str:
+def field_path(path: Iterable[Any]) -> str:
+    """``to[3]``, ``variables.user.name``: where a value is in a document."""
     text = ""
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))

@@ -17,7 +17,7 @@ from werkzeug.test import Client
 
 from mailsvc import create_app, operator
 from mailsvc.app import MailService
-from mailsvc.store import Database
+from mailsvc.store import SqliteStore, Store
 
 from .smtp_sink import SmtpSink
 
@@ -81,10 +81,10 @@ def client(app: MailService) -> Client:
 def make_tenant(
     app: MailService, credits: int = 1000, domain: str | None = VERIFIED, scope: str = "full"
 ) -> Tenant:
-    account = operator.create_account(app.db, "Tenant", credits)
-    key = operator.create_key(app.db, account["id"], scope)
+    account = operator.create_account(app.store, "Tenant", credits)
+    key = operator.create_key(app.store, account["id"], scope)
     if domain:
-        operator.add_domain(app.db, account["id"], domain, verified=True)
+        operator.add_domain(app.store, account["id"], domain, verified=True)
     return Tenant(account["id"], key["key"], key["id"])
 
 
@@ -94,10 +94,10 @@ def tenant(app: MailService) -> Tenant:
 
 
 @pytest.fixture
-def served_tenant(tmp_path: Path) -> tuple[str, Database, str, dict[str, str]]:
+def served_tenant(tmp_path: Path) -> tuple[str, Store, str, dict[str, str]]:
     """A database file with an account for a server process: path, store, account, headers."""
     path = str(tmp_path / "served.sqlite3")
-    db = Database(path)
+    db = SqliteStore(path)
     account = operator.create_account(db, "Load", 100_000)
     key = operator.create_key(db, account["id"])
     operator.add_domain(db, account["id"], VERIFIED, verified=True)
@@ -105,10 +105,9 @@ def served_tenant(tmp_path: Path) -> tuple[str, Database, str, dict[str, str]]:
     return path, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
 
 
-def count_by_status(db: Database) -> dict[str, int]:
-    with db.transaction() as tx:
-        rows = tx.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
-        return {status: count for status, count in rows}
+def count_by_status(store: Store) -> dict[str, int]:
+    with store.read() as view:
+        return view.count_emails_by_status()
 
 
 @pytest.fixture

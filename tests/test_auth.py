@@ -49,14 +49,14 @@ def test_scheme_is_case_insensitive(client, tenant):
 
 def test_revoked_key_is_401_at_once(client, tenant, app):
     assert client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 200
-    operator.revoke_key(app.db, tenant.key_id)
+    operator.revoke_key(app.store, tenant.key_id)
     assert_error(
         client.post("/v1/emails", json=email_body(), headers=tenant.headers), 401, "revoked"
     )
 
 
 def test_keys_are_random_and_stored_only_as_a_hash(app, tenant, config):
-    other = operator.create_key(app.db, tenant.id)["key"]
+    other = operator.create_key(app.store, tenant.id)["key"]
     assert other != tenant.key
     secret = tenant.key.rsplit("_", 1)[1]
     assert len(secret) * 5 >= 256  # base32: 5 bits a character
@@ -70,7 +70,7 @@ def test_keys_are_random_and_stored_only_as_a_hash(app, tenant, config):
 
 
 def test_sending_key_may_only_send(client, tenant, app):
-    sending = operator.create_key(app.db, tenant.id, "sending")
+    sending = operator.create_key(app.store, tenant.id, "sending")
     headers = {"Authorization": f"Bearer {sending['key']}"}
     email_id = client.post("/v1/emails", json=email_body(), headers=headers).get_json()["id"]
     assert_error(client.get(f"/v1/emails/{email_id}", headers=headers), 403, "'sending' key")

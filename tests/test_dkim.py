@@ -26,7 +26,7 @@ def published(record):
 
 def test_delivered_mail_verifies_against_the_published_record(delivering, sink):
     app, tenant, client = delivering
-    record = operator.show_domain(app.db, VERIFIED)["dkim"]
+    record = operator.show_domain(app.store, VERIFIED)["dkim"]
     email_id = post(client, tenant, html="<p>Hi</p>", subject="Signed")
     wait_status(client, tenant, email_id, "sent")
     [received] = sink.wait_for(1)
@@ -46,8 +46,8 @@ def test_delivered_mail_verifies_against_the_published_record(delivering, sink):
 def test_each_domain_has_its_own_rsa_2048_key(app):
     first = make_tenant(app)
     make_tenant(app, domain="second.test")
-    one = operator.show_domain(app.db, VERIFIED, first.id)["dkim"]
-    two = operator.show_domain(app.db, "second.test")["dkim"]
+    one = operator.show_domain(app.store, VERIFIED, first.id)["dkim"]
+    two = operator.show_domain(app.store, "second.test")["dkim"]
     assert one["value"] != two["value"]
     assert one["name"] == f"{one['selector']}._domainkey.{VERIFIED}"
     assert one["value"].startswith("v=DKIM1; k=rsa; p=")

@@ -38,8 +38,8 @@ def dns_app(config, clock, dns_server, sink):
 
 
 def new_account(app, credits=100):
-    account = operator.create_account(app.db, "Acme", credits)
-    key = operator.create_key(app.db, account["id"])
+    account = operator.create_account(app.store, "Acme", credits)
+    key = operator.create_key(app.store, account["id"])
     return account["id"], {"Authorization": f"Bearer {key['key']}"}
 
 
@@ -201,7 +201,7 @@ def test_adding_a_domain_twice_is_409(dns_app):
 def test_sending_keys_cannot_manage_domains(dns_app):
     account_id, _ = new_account(dns_app)
     sending = {
-        "Authorization": f"Bearer {operator.create_key(dns_app.db, account_id, 'sending')['key']}"
+        "Authorization": f"Bearer {operator.create_key(dns_app.store, account_id, 'sending')['key']}"
     }
     client = Client(dns_app)
     assert_error(client.post("/v1/domains", json={"name": "a.example"}, headers=sending), 403)

@@ -73,8 +73,9 @@ def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):
     # The database path is a folder: SQLite cannot open it, a real internal failure.
     broken = Client(create_app({"database": str(tmp_path), "outbox": str(tmp_path / "o")}))
     with caplog.at_level(logging.ERROR, logger="mailsvc"):
+        well_formed = "Bearer ms_" + "a" * 26 + "_" + "b" * 52  # so the store is asked
         response = broken.post(
-            "/v1/emails", json=email_body(), headers={"Authorization": "Bearer x"}
+            "/v1/emails", json=email_body(), headers={"Authorization": well_formed}
         )
     body = assert_error(response, 500)
     assert "sqlite" not in body["message"].lower() and "Traceback" not in body["message"]
@@ -86,7 +87,7 @@ def test_every_error_path_has_the_same_shape(client, tenant, app):
     """A walk over the error paths of the send route, like datasette's contract test."""
     from mailsvc import operator
 
-    sending = operator.create_key(app.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(app.store, tenant.id, "sending")["key"]
     cases = [
         client.get("/"),
         client.put("/v1/emails"),

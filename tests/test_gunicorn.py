@@ -47,10 +47,7 @@ def test_200_concurrent_emails_arrive_exactly_once(served_tenant, sink, tmp_path
     assert len(accepted) == 200
     received = Counter(message.message_id for message in sink.messages)
     assert received == Counter({f"<{email_id}@{VERIFIED}>": 1 for email_id in accepted})
-    with db.transaction() as tx:
-        statuses = tx.connection.execute(
-            "SELECT status, count(*) FROM emails GROUP BY status"
-        ).fetchall()
-        assert [tuple(row) for row in statuses] == [("sent", 200)]
-        assert tx.get_account(account_id).credits == 100_000 - 200
+    with db.read() as view:
+        assert view.count_emails_by_status() == {"sent": 200}
+        assert view.get_account(account_id).credits == 100_000 - 200
     assert "Traceback" not in stderr

@@ -49,7 +49,7 @@ def test_last_used_is_kept_to_the_minute(client, tenant, clock, app):
 
 
 def _last_used(app, key_id):
-    with app.db.transaction() as tx:
+    with app.store.read() as tx:
         return tx.get_api_key(key_id).last_used_at
 
 
@@ -73,7 +73,7 @@ def test_another_accounts_key_cannot_be_revoked(client, tenant, app):
 
 
 def test_key_restricted_to_a_domain(client, tenant, app):
-    operator.add_domain(app.db, tenant.id, "second.test", verified=True)
+    operator.add_domain(app.store, tenant.id, "second.test", verified=True)
     key = create_key(client, tenant, domain="SECOND.test", scope="sending")
     assert key["domain"] == "second.test"
     refused = client.post("/v1/emails", json=email_body(), headers=bearer(key))
@@ -107,7 +107,7 @@ def test_sending_keys_cannot_manage_keys_or_read_the_account(client, tenant):
 
 
 def test_account_shows_credit_and_limits(client, tenant, app):
-    operator.set_limit(app.db, tenant.id, "send", 42)
+    operator.set_limit(app.store, tenant.id, "send", 42)
     account = client.get("/v1/account", headers=tenant.headers).get_json()
     assert account == {
         "id": tenant.id,

@@ -59,7 +59,7 @@ def test_never_shows_another_accounts_emails(client, tenant, app):
 
 
 def test_filters_by_recipient_sender_and_time(client, tenant, app, clock):
-    operator.add_domain(app.db, tenant.id, "second.test", verified=True)
+    operator.add_domain(app.store, tenant.id, "second.test", verified=True)
     first = post(client, tenant, to=["a@example.org", "b@example.org"])
     clock.advance(3600)
     second = post(client, tenant, to="b@EXAMPLE.org", from_="news@second.test")
@@ -125,7 +125,7 @@ def test_repeated_parameter_is_refused(client, tenant):
 
 
 def test_sending_key_cannot_list(client, tenant, app):
-    sending = operator.create_key(app.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(app.store, tenant.id, "sending")["key"]
     response = client.get("/v1/emails", headers={"Authorization": f"Bearer {sending}"})
     assert_error(response, 403)
 

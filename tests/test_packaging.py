@@ -21,7 +21,9 @@ def test_wheel_contains_schemas_and_migrations(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     schemas = {path.name for path in (ROOT / "schemas").glob("*.json")}
     assert schemas and {f"mailsvc/schemas/{name}" for name in schemas} <= names
-    migrations = {path.name for path in (ROOT / "mailsvc/store/migrations").glob("*.sql")}
-    assert migrations and {f"mailsvc/store/migrations/{name}" for name in migrations} <= names
+    migrations = {
+        str(path.relative_to(ROOT)) for path in (ROOT / "mailsvc/store/migrations").rglob("*.sql")
+    }
+    assert migrations and migrations <= names
     modules = {str(path.relative_to(ROOT)) for path in (ROOT / "mailsvc").rglob("*.py")}
     assert modules <= names, modules - names  # no package left out of setup.cfg

@@ -6,20 +6,27 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
-from mailsvc.ratelimit import take_token
+from mailsvc.store import SqliteStore
 
 from .conftest import assert_error, email_body, make_tenant
 
 
-def test_bucket_refills_continuously_up_to_capacity():
-    take = take_token(tokens=0.0, updated_at=0.0, now=30.0, per_minute=60)
-    assert take.allowed and take.tokens == pytest.approx(29.0)
-    take = take_token(tokens=0.0, updated_at=0.0, now=3600.0, per_minute=60)
-    assert take.tokens == pytest.approx(59.0)  # capped at 60, one taken
-    take = take_token(tokens=0.5, updated_at=10.0, now=10.0, per_minute=60)
-    assert not take.allowed and take.retry_after == pytest.approx(0.5)
-    take = take_token(tokens=5.0, updated_at=10.0, now=9.0, per_minute=60)  # clock behind
-    assert take.allowed and take.tokens == pytest.approx(4.0)
+def test_bucket_refills_continuously_up_to_capacity(tmp_path):
+    store = SqliteStore(tmp_path / "buckets.sqlite3")
+
+    def take(now, times=1):
+        return store.write(
+            lambda tx: [tx.take_token("acc_1", "send", 60, now) for _ in range(times)]
+        )[-1]
+
+    assert take(0.0, times=60) == (True, pytest.approx(0.0))  # a new bucket is full
+    assert take(0.0) == (False, pytest.approx(0.0))
+    assert take(0.5) == (False, pytest.approx(0.5))  # refills at one a second
+    assert take(30.0) == (True, pytest.approx(29.0))
+    assert take(3600.0) == (True, pytest.approx(59.0))  # capped at 60, one taken
+    assert take(3599.0) == (True, pytest.approx(58.0))  # a clock behind adds nothing
+    assert take(3600.0) == (True, pytest.approx(57.0))
+    store.shutdown()
 
 
 @pytest.fixture
@@ -52,8 +59,8 @@ def test_retry_after_is_at_least_one_second(config, clock):
     app = create_app(config, clock=clock)
     tenant = make_tenant(app)
     client = Client(app)
-    with app.db.transaction() as tx:
-        tx.save_bucket(tenant.id, "send", 0.0, clock() + 1)  # 10 ms to a token
+    later = clock() + 1  # drained a second from now: nothing refills before then
+    app.store.write(lambda tx: [tx.take_token(tenant.id, "send", 6000, later) for _ in range(6000)])
     response = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
     assert response.status_code == 429 and response.headers["Retry-After"] == "1"
 
@@ -81,7 +88,7 @@ def test_get_email_counts_in_the_list_group(limited):
 
 def test_account_limit_overrides_the_default(limited):
     tenant = make_tenant(limited)
-    operator.set_limit(limited.db, tenant.id, "send", 2)
+    operator.set_limit(limited.store, tenant.id, "send", 2)
     client = Client(limited)
     codes = [
         client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code
@@ -124,7 +131,7 @@ def test_check_order_401_429_400_403_400_402(limited, clock):
         client.post("/v1/emails", data="{bad", headers={"Content-Type": "application/json"}), 401
     )
     # 403 (scope) comes before the handler's own 404
-    sending = operator.create_key(limited.db, tenant.id, "sending")["key"]
+    sending = operator.create_key(limited.store, tenant.id, "sending")["key"]
     assert_error(
         client.get("/v1/emails/em_missing", headers={"Authorization": f"Bearer {sending}"}), 403
     )

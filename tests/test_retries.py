@@ -123,7 +123,7 @@ def test_retry_goes_only_to_the_pending_recipient(relayed, sink, clock):
     first, second = sink.wait_for(2)
     assert first.recipients == ["now@example.org"] and second.recipients == ["later@example.org"]
     assert first.message_id == second.message_id == f"<{email_id}@{VERIFIED}>"
-    with relayed.db.transaction() as tx:
+    with relayed.store.read() as tx:
         assert tx.get_account(tenant.id).credits == 8  # retries never touch credit
 
 

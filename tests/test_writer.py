@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mailsvc.store import Database
+from mailsvc.store import SqliteStore
 
 
 @pytest.fixture
 def db(tmp_path: Path):
-    database = Database(tmp_path / "writer.sqlite3")
+    database = SqliteStore(tmp_path / "writer.sqlite3")
     with sqlite3.connect(database.path) as setup:
         setup.execute("CREATE TABLE scratch (value TEXT)")
     yield database
@@ -43,7 +43,7 @@ def test_jobs_that_wait_while_one_commits_share_one_transaction(db):
 
     def call(name: str, work) -> None:
         try:
-            results[name] = db.run(work)
+            results[name] = db.write(work)
         except ValueError as exc:
             results[name] = exc
 

@@ -1,4 +1,9 @@
-"""The API key endpoints: create (the secret shown once), list without secrets, revoke."""
+"""The API key endpoints: create (the secret shown once), list without secrets, revoke.
+
+A key's secret exists in clear only in the answer that creates it: the store keeps its hash,
+and a retry of the creating request with the same ``Idempotency-Key`` answers the same key with
+``"key": null``.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,14 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ..mail.addresses import normalise_domain
 from ..auth import Principal, issue_key, key_prefix
+from ..changes import Change
 from ..errors import NotFound, ValidationFailed
+from ..mail.addresses import normalise_domain
 from ..paging import list_page
 from ..services import Services
 from ..settings import Settings
-from ..store import ApiKey, Transaction
+from ..store import ApiKey, Reads, Writes
 from ..timestamps import iso_time
 
 
@@ -23,43 +29,54 @@ def parse_new_key(body: dict[str, Any], settings: Settings | None = None) -> dic
 
 
 def create_api_key(
-    tx: Transaction, principal: Principal, services: Services, *, body: dict[str, Any]
-) -> dict[str, Any]:
-    domain = body["domain"]
-    if domain is not None and not any(
-        d.account_id == principal.account_id for d in tx.find_domains(domain)
-    ):
+    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+) -> Change:
+    account_id, domain = principal.account_id, body["domain"]
+    if domain is not None and not any(d.account_id == account_id for d in reads.find_domains(domain)):
         raise ValidationFailed(f"domain: {domain} is not a domain of this account")
-    issued = issue_key()
-    key = tx.create_api_key(
-        issued.id,
-        principal.account_id,
-        issued.secret_hash,
-        body["scope"],
-        services.clock(),
-        name=body["name"],
-        domain=domain,
+    issued, now = issue_key(), services.clock()
+    key = ApiKey(
+        issued.id, account_id, issued.secret_hash, body["scope"], False, body["name"], domain, now
     )
-    return {**present_key(key), "key": issued.token}
+
+    def create(tx: Writes) -> None:
+        tx.create_api_key(
+            key.id, account_id, key.secret_hash, key.scope, now, name=key.name, domain=domain
+        )
+
+    shown = present_key(key)
+    return Change(create, {**shown, "key": issued.token}, replayed={**shown, "key": None})
 
 
 def list_api_keys(
-    tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(keys: Sequence[ApiKey]) -> list[dict[str, Any]]:
         return [present_key(key) for key in keys]
 
-    fetch = partial(tx.list_api_keys, principal.account_id)
-    return list_page(query, fetch, lambda key: key.seq, present_all)
+    fetch = partial(view.list_api_keys, principal.account_id)
+    return list_page(
+        query,
+        services.cursors,
+        principal.account_id,
+        "api-keys",
+        fetch,
+        lambda key: key.seq,
+        present_all,
+    )
 
 
 def revoke_api_key(
-    tx: Transaction, principal: Principal, services: Services, *, key_id: str
-) -> dict[str, Any]:
+    reads: Reads, principal: Principal, services: Services, *, key_id: str
+) -> Change:
     """Revoke one of the account's keys: from the next request on, on every worker, a 401."""
-    if not tx.revoke_api_key(key_id, services.clock(), principal.account_id):
-        raise NotFound(f"API key {key_id}: not found")
-    return {"id": key_id, "revoked": True}
+    now = services.clock()
+
+    def revoke(tx: Writes) -> None:
+        if not tx.revoke_api_key(key_id, now, principal.account_id):
+            raise NotFound(f"API key {key_id}: not found")
+
+    return Change(revoke, {"id": key_id, "revoked": True})
 
 
 def present_key(key: ApiKey) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 A domain becomes ``verified`` when its ownership record and its DKIM record are found in DNS;
 the SPF and DMARC records are recommendations, reported but not required. A name verified by one
-account cannot be verified by another.
+account cannot be verified by another: the store's unique constraint decides.
+
+The RSA key of a new domain is made, and the DNS look-ups of a check are made, in the request's
+own thread after the caller is known, never inside the store's writer.
 """
 
 from __future__ import annotations
@@ -10,119 +13,125 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from ..mail.addresses import normalise_domain
 from ..auth import Principal
-from ..mail.dns import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
+from ..changes import Change
 from ..errors import AlreadyExists, NotFound, ValidationFailed
 from ..ids import new_id
+from ..mail.addresses import normalise_domain
+from ..mail.dkim import new_signing_key
+from ..mail.dns import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
 from ..paging import list_page
 from ..services import Services
 from ..settings import Settings
-from ..mail.dkim import SigningKey, new_signing_key
-from ..store import Database, Domain, DomainTaken, Transaction
+from ..store import Domain, DomainExists, DomainTaken, Reads, Writes
 from ..timestamps import iso_time
 
 
-@dataclass(frozen=True)
-class NewDomain:
-    name: str
-    signing_key: SigningKey
-    token: str
-
-
-def parse_new_domain(body: dict[str, Any], settings: Settings) -> NewDomain:
-    """The normalised name, with the DKIM key and ownership token made for it, before any
-    transaction (making an RSA key takes a while). No I/O.
+def parse_new_domain(body: dict[str, Any], settings: Settings) -> str:
+    """The normalised name. No I/O.
 
     :raises ValidationFailed: the name is not a domain name.
     """
-    return NewDomain(
-        normalise_domain(body["name"].strip(), "name"),
-        new_signing_key(settings.dkim_key_bits),
-        secrets.token_hex(16),
-    )
+    return normalise_domain(body["name"].strip(), "name")
 
 
-def create_domain(
-    tx: Transaction, principal: Principal, services: Services, *, body: NewDomain
-) -> dict[str, Any]:
-    mine = [d for d in tx.find_domains(body.name) if d.account_id == principal.account_id]
-    if mine:
-        raise AlreadyExists(f"name: {body.name} is already a domain of this account ({mine[0].id})")
-    domain = tx.add_domain(
-        new_id("dom"),
-        principal.account_id,
-        body.name,
-        False,
-        body.signing_key,
-        services.clock(),
-        body.token,
-    )
-    return present_domain(domain, services.settings)
+def create_domain(reads: Reads, principal: Principal, services: Services, *, body: str) -> Change:
+    """Add a pending domain with a new DKIM key; the key is made only for a name the account
+    does not have yet."""
+    name, account_id = body, principal.account_id
+    _refuse_if_mine(name, account_id, reads.find_domains(name))
+    key, token, now = new_signing_key(services.settings.dkim_key_bits), secrets.token_hex(16), services.clock()
+    domain = Domain(new_id("dom"), account_id, name, False, key, token, now)
+
+    def create(tx: Writes) -> None:
+        try:
+            tx.create_domain(domain.id, account_id, name, key, now, token)
+        except DomainExists:  # added meanwhile, by another request of the account's
+            _refuse_if_mine(name, account_id, tx.find_domains(name))
+            raise
+
+    return Change(create, present_domain(domain, services.settings))
 
 
 def list_domains(
-    tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(domains: Sequence[Domain]) -> list[dict[str, Any]]:
         return [present_domain(domain, services.settings) for domain in domains]
 
-    fetch = partial(tx.list_domains, principal.account_id)
-    return list_page(query, fetch, lambda domain: domain.seq, present_all)
+    fetch = partial(view.list_domains, principal.account_id)
+    return list_page(
+        query,
+        services.cursors,
+        principal.account_id,
+        "domains",
+        fetch,
+        lambda domain: domain.seq,
+        present_all,
+    )
 
 
 def get_domain(
-    tx: Transaction, principal: Principal, services: Services, *, domain_id: str
+    view: Reads, principal: Principal, services: Services, *, domain_id: str
 ) -> dict[str, Any]:
-    return present_domain(_find(tx, principal.account_id, domain_id), services.settings)
+    return present_domain(_find(view, principal.account_id, domain_id), services.settings)
 
 
 def delete_domain(
-    tx: Transaction, principal: Principal, services: Services, *, domain_id: str
-) -> dict[str, Any]:
-    if not tx.delete_domain(principal.account_id, domain_id):
-        raise NotFound(f"domain {domain_id}: not found")
-    return {"id": domain_id, "deleted": True}
+    reads: Reads, principal: Principal, services: Services, *, domain_id: str
+) -> Change:
+    def delete(tx: Writes) -> None:
+        if not tx.delete_domain(principal.account_id, domain_id):
+            raise NotFound(f"domain {domain_id}: not found")
+
+    return Change(delete, {"id": domain_id, "deleted": True})
 
 
 def verify_domain(
-    db: Database, principal: Principal, services: Services, *, domain_id: str
-) -> dict[str, Any]:
-    """Look the domain's records up in DNS now and keep what was found.
+    reads: Reads, principal: Principal, services: Services, *, domain_id: str
+) -> Change:
+    """Look the domain's records up in DNS now and keep what was found."""
+    return check_domain(reads, services, principal.account_id, domain_id)
 
-    Runs its own two short transactions: the look-ups, which can take seconds, never hold the
-    store's write lock.
+
+def check_domain(reads: Reads, services: Services, account_id: str, domain_id: str) -> Change:
+    """The DNS check of a domain, for the API and the operator alike: the look-ups are made
+    now, in parallel, holding nothing; the change records what they found.
+
+    :raises ValidationFailed: another account verified the name already.
     """
-    return check_domain(db, services, principal.account_id, domain_id)
-
-
-def check_domain(
-    db: Database, services: Services, account_id: str, domain_id: str
-) -> dict[str, Any]:
-    """:raises ValidationFailed: another account verified the name already."""
-    with db.transaction() as tx:
-        domain = _find(tx, account_id, domain_id)
-        _refuse_if_taken(tx, domain)
+    domain = _find(reads, account_id, domain_id)
+    if any(d.verified and d.account_id != account_id for d in reads.find_domains(domain.name)):
+        raise ValidationFailed(_taken_message(domain.name))
     records = _expected(domain, services.settings)
     with ThreadPoolExecutor(max_workers=len(records)) as pool:
         lookups = list(pool.map(lambda record: services.dns.txt(record.name), records))
+    now = services.clock()
     checks = {
-        record.purpose: {**judge(record, lookup), "checkedAt": services.clock()}
+        record.purpose: {**judge(record, lookup), "checkedAt": now}
         for record, lookup in zip(records, lookups, strict=True)
     }
     verified = all(checks[purpose]["status"] == FOUND for purpose in REQUIRED)
-    with db.transaction() as tx:
+
+    def record(tx: Writes) -> None:
         try:
-            updated = tx.record_domain_check(domain.id, checks, services.clock(), verified)
+            if tx.record_domain_check(domain.id, checks, now, verified) is None:
+                raise NotFound(f"domain {domain_id}: not found")
         except DomainTaken:
             raise ValidationFailed(_taken_message(domain.name)) from None
-    if updated is None:
-        raise NotFound(f"domain {domain_id}: not found")
-    return present_domain(updated, services.settings)
+
+    checked = replace(
+        domain,
+        verified=domain.verified or verified,
+        verified_at=domain.verified_at if domain.verified else (now if verified else None),
+        checked_at=now,
+        checks=checks,
+    )
+    return Change(record, present_domain(checked, services.settings))
 
 
 def present_domain(domain: Domain, settings: Settings) -> dict[str, Any]:
@@ -165,17 +174,18 @@ def _expected(domain: Domain, settings: Settings) -> list[Expected]:
     )
 
 
-def _refuse_if_taken(tx: Transaction, domain: Domain) -> None:
-    if any(d.verified and d.account_id != domain.account_id for d in tx.find_domains(domain.name)):
-        raise ValidationFailed(_taken_message(domain.name))
+def _refuse_if_mine(name: str, account_id: str, entries: Sequence[Domain]) -> None:
+    mine = [entry for entry in entries if entry.account_id == account_id]
+    if mine:
+        raise AlreadyExists(f"name: {name} is already a domain of this account ({mine[0].id})")
 
 
 def _taken_message(name: str) -> str:
     return f"name: {name} is already verified by another account"
 
 
-def _find(tx: Transaction, account_id: str, domain_id: str) -> Domain:
-    domain = tx.get_domain(account_id, domain_id)
+def _find(reads: Reads, account_id: str, domain_id: str) -> Domain:
+    domain = reads.get_domain(account_id, domain_id)
     if domain is None:
         raise NotFound(f"domain {domain_id}: not found")
     return domain

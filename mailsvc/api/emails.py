@@ -1,7 +1,8 @@
 """The email endpoints: parse a send request, accept it into the queue, show and list emails.
 
-Handlers are pure: they take validated input, the open store transaction and the caller, and
-return data or raise a service error. Only the dispatcher in :mod:`mailsvc.app` touches HTTP.
+Handlers are pure: they take validated input, the store's reads and the caller, and return data
+(or, for a write, the :class:`~mailsvc.changes.Change` to apply) or raise a service error. Only
+the dispatcher in :mod:`mailsvc.app` touches HTTP.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import statuses
-from ..mail.addresses import Mailbox, parse_address, parse_mailbox
 from ..auth import Principal
+from ..changes import Change
 from ..errors import (
     DomainNotVerified,
     Forbidden,
@@ -22,11 +23,12 @@ from ..errors import (
     ValidationFailed,
 )
 from ..ids import new_id
-from ..paging import DEFAULT_LIMIT, decode_cursor, page
+from ..mail.addresses import Mailbox, parse_address, parse_mailbox
 from ..mail.rendering import render
+from ..paging import DEFAULT_LIMIT, page
 from ..services import Services
 from ..settings import Settings
-from ..store import EmailFilter, EmailRecord, Event, NewEmail, Transaction
+from ..store import EmailFilter, EmailRecord, Event, NewEmail, Reads, Writes
 from ..timestamps import iso_time, parse_iso_time
 
 
@@ -71,55 +73,60 @@ def parse_send_request(body: dict[str, Any], settings: Settings | None = None) -
 
 
 def send_email(
-    tx: Transaction, principal: Principal, services: Services, *, body: SendRequest
-) -> dict[str, Any]:
-    """Accept an email: check the sender domain and credit, debit, and queue it."""
+    reads: Reads, principal: Principal, services: Services, *, body: SendRequest
+) -> Change:
+    """Accept an email: render its template (if any) here, then, in the store's writer, check
+    the sender domain and the credit, debit, and queue it."""
     account_id = principal.account_id
     domain = body.sender.address.rpartition("@")[2]
     if principal.domain is not None and domain != principal.domain:
         raise Forbidden(f"from: this API key may only send from {principal.domain}")
-    if not tx.is_domain_verified(account_id, domain):
-        raise DomainNotVerified(f"from: sender domain {domain} is not verified for this account")
     subject, html, text = body.subject, body.html, body.text
     if body.template_id is not None:
-        subject, html, text = _render_template(tx, account_id, body)
+        subject, html, text = _render_template(reads, account_id, body, services)
     cost = len(body.recipients) * services.settings.credits_per_recipient
-    if cost and tx.debit_credits(account_id, cost) is None:
-        account = tx.get_account(account_id)
-        available = account.credits if account else 0
-        raise InsufficientCredit(f"credits: {cost} needed, {available} available")
     email_id = new_id("em")
-    tx.enqueue_email(
-        NewEmail(
-            id=email_id,
-            account_id=account_id,
-            sender_name=body.sender.name,
-            sender_address=body.sender.address,
-            recipients=body.recipients,
-            subject=subject,
-            html=html,
-            text=text,
-            reply_to=body.reply_to,
-            template_id=body.template_id,
-            variables=json.dumps(body.variables) if body.variables is not None else None,
-            message_id=f"<{email_id}@{domain}>",
-            created_at=services.clock(),
-        )
+    email = NewEmail(
+        id=email_id,
+        account_id=account_id,
+        sender_name=body.sender.name,
+        sender_address=body.sender.address,
+        recipients=body.recipients,
+        subject=subject,
+        html=html,
+        text=text,
+        reply_to=body.reply_to,
+        template_id=body.template_id,
+        variables=json.dumps(body.variables) if body.variables is not None else None,
+        message_id=f"<{email_id}@{domain}>",
+        created_at=services.clock(),
     )
-    return {"id": email_id, "status": "queued"}
+
+    def accept(tx: Writes) -> None:
+        if not tx.is_domain_verified(account_id, domain):
+            raise DomainNotVerified(
+                f"from: sender domain {domain} is not verified for this account"
+            )
+        if cost and tx.debit_credits(account_id, cost) is None:
+            account = tx.get_account(account_id)
+            available = account.credits if account else 0
+            raise InsufficientCredit(f"credits: {cost} needed, {available} available")
+        tx.enqueue_email(email)
+
+    return Change(accept, {"id": email_id, "status": statuses.QUEUED}, wakes_delivery=True)
 
 
 def get_email(
-    tx: Transaction, principal: Principal, services: Services, *, email_id: str
+    view: Reads, principal: Principal, services: Services, *, email_id: str
 ) -> dict[str, Any]:
     """The caller's email with this id.
 
     :raises NotFound: no such email, or it belongs to another account.
     """
-    record = tx.get_email(principal.account_id, email_id)
+    record = view.get_email(principal.account_id, email_id)
     if record is None:
         raise NotFound(f"email {email_id}: not found")
-    return present_email(record, tx.email_events([record.seq])[record.seq])
+    return present_email(record, view.email_events([record.seq])[record.seq])
 
 
 def parse_list_query(query: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
@@ -129,7 +136,7 @@ def parse_list_query(query: dict[str, str], settings: Settings | None = None) ->
     """
     return {
         "limit": int(query.get("limit", DEFAULT_LIMIT)),
-        "before": decode_cursor(query.get("cursor")),
+        "cursor": query.get("cursor"),
         "where": EmailFilter(
             status=query.get("status"),
             recipient=parse_address(query["to"], "to") if "to" in query else None,
@@ -141,27 +148,32 @@ def parse_list_query(query: dict[str, str], settings: Settings | None = None) ->
 
 
 def list_emails(
-    tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     """The caller's emails, newest first, a page at a time."""
-    limit = query["limit"]
-    rows = tx.list_emails(principal.account_id, query["where"], query["before"], limit + 1)
+    limit, account_id, cursors = query["limit"], principal.account_id, services.cursors
+    before = cursors.open(query["cursor"], account_id, "emails")
+    rows = view.list_emails(account_id, query["where"], before, limit + 1)
 
     def present_all(records: Sequence[EmailRecord]) -> list[dict[str, Any]]:
-        events = tx.email_events([record.seq for record in records])
+        events = view.email_events([record.seq for record in records])
         return [present_email(record, events[record.seq]) for record in records]
 
-    return page(rows, limit, lambda record: record.seq, present_all)
+    return page(
+        rows, limit, lambda record: cursors.seal(record.seq, account_id, "emails"), present_all
+    )
 
 
 def _render_template(
-    tx: Transaction, account_id: str, body: SendRequest
+    reads: Reads, account_id: str, body: SendRequest, services: Services
 ) -> tuple[str, str | None, str | None]:
     """The subject, html and text of the request's template, rendered with its variables."""
-    template = tx.get_template(account_id, body.template_id or "")
+    template = reads.get_template(account_id, body.template_id or "")
     if template is None:
         raise ValidationFailed(f"templateId: template {body.template_id} not found")
-    rendered = render(template.subject, template.html, template.text, body.variables or {})
+    rendered = render(
+        template.subject, template.html, template.text, body.variables or {}, services.template_limits
+    )
     subject = rendered.subject if rendered.subject is not None else body.subject
     if any(character in subject for character in "\r\n\x00"):
         raise ValidationFailed("subject: the rendered subject must not contain CR, LF or NUL")

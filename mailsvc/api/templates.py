@@ -1,4 +1,9 @@
-"""The template endpoints: create, list, show, replace, delete, and render without sending."""
+"""The template endpoints: create, list, show, replace, delete, and render without sending.
+
+Templates are compiled when they are created or replaced (a part that does not compile is a
+400) and rendered when used, both in the request's own thread, after the caller is known, within
+the limits of :mod:`mailsvc.mail.rendering`; never inside the store's writer.
+"""
 
 from __future__ import annotations
 
@@ -7,100 +12,146 @@ from functools import partial
 from typing import Any
 
 from ..auth import Principal
+from ..changes import Change
 from ..errors import NotFound
 from ..ids import new_id
+from ..mail.rendering import TemplateLimits, check_template, render
 from ..paging import list_page
-from ..mail.rendering import check_syntax, render
 from ..services import Services
 from ..settings import Settings
-from ..store import Template, Transaction
+from ..store import Reads, Template, Writes
 from ..timestamps import iso_time
 
+_PARTS = ("subject", "html", "text")
 
-def parse_template(body: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
+
+def parse_template(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """A schema-valid template body whose parts also compile. No I/O.
 
-    :raises ValidationFailed: a part has a syntax error (the message gives its line).
+    :raises ValidationFailed: a part is too large or does not compile (the message gives the
+        part and, where Jinja gives one, the line).
     """
-    for field in ("subject", "html", "text"):
-        check_syntax(body.get(field), field)
+    limits = TemplateLimits.from_settings(settings)
+    for part in _PARTS:
+        check_template(body.get(part), part, limits)
     return body
 
 
 def create_template(
-    tx: Transaction, principal: Principal, services: Services, *, body: dict[str, Any]
-) -> dict[str, Any]:
-    template = tx.create_template(
+    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+) -> Change:
+    now = services.clock()
+    template = Template(
+        0,
         new_id("tpl"),
         principal.account_id,
         body["name"],
         body.get("subject"),
         body.get("html"),
         body.get("text"),
-        services.clock(),
+        now,
+        now,
     )
-    return present_template(template)
+
+    def create(tx: Writes) -> None:
+        tx.create_template(
+            template.id,
+            template.account_id,
+            template.name,
+            template.subject,
+            template.html,
+            template.text,
+            now,
+        )
+
+    return Change(create, present_template(template))
 
 
 def list_templates(
-    tx: Transaction, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
 ) -> dict[str, Any]:
-    fetch = partial(tx.list_templates, principal.account_id)
-    return list_page(query, fetch, lambda template: template.seq, _present_all)
+    fetch = partial(view.list_templates, principal.account_id)
+    return list_page(
+        query,
+        services.cursors,
+        principal.account_id,
+        "templates",
+        fetch,
+        lambda template: template.seq,
+        _present_all,
+    )
 
 
 def get_template(
-    tx: Transaction, principal: Principal, services: Services, *, template_id: str
+    view: Reads, principal: Principal, services: Services, *, template_id: str
 ) -> dict[str, Any]:
-    return present_template(_find(tx, principal, template_id))
+    return present_template(_find(view, principal, template_id))
 
 
 def update_template(
-    tx: Transaction,
+    reads: Reads,
     principal: Principal,
     services: Services,
     *,
     template_id: str,
     body: dict[str, Any],
-) -> dict[str, Any]:
-    template = tx.update_template(
-        principal.account_id,
+) -> Change:
+    earlier = _find(reads, principal, template_id)
+    now = services.clock()
+    fields = {part: body.get(part) for part in _PARTS}
+
+    def replace(tx: Writes) -> None:
+        if tx.update_template(principal.account_id, template_id, body["name"], now=now, **fields) is None:
+            raise NotFound(f"template {template_id}: not found")
+
+    updated = Template(
+        earlier.seq,
         template_id,
+        principal.account_id,
         body["name"],
-        body.get("subject"),
-        body.get("html"),
-        body.get("text"),
-        services.clock(),
+        fields["subject"],
+        fields["html"],
+        fields["text"],
+        earlier.created_at,
+        now,
     )
-    if template is None:
-        raise NotFound(f"template {template_id}: not found")
-    return present_template(template)
+    return Change(replace, present_template(updated))
 
 
 def delete_template(
-    tx: Transaction, principal: Principal, services: Services, *, template_id: str
-) -> dict[str, Any]:
-    if not tx.delete_template(principal.account_id, template_id):
-        raise NotFound(f"template {template_id}: not found")
-    return {"id": template_id, "deleted": True}
+    reads: Reads, principal: Principal, services: Services, *, template_id: str
+) -> Change:
+    def delete(tx: Writes) -> None:
+        if not tx.delete_template(principal.account_id, template_id):
+            raise NotFound(f"template {template_id}: not found")
+
+    return Change(delete, {"id": template_id, "deleted": True})
 
 
 def render_template(
-    tx: Transaction,
+    reads: Reads,
     principal: Principal,
     services: Services,
     *,
     template_id: str,
     body: dict[str, Any],
-) -> dict[str, Any]:
-    """What a send with this template and these variables would deliver; nothing is sent."""
-    template = _find(tx, principal, template_id)
-    rendered = render(template.subject, template.html, template.text, body.get("variables", {}))
-    return {
+) -> Change:
+    """What a send with this template and these variables would deliver; nothing is sent and
+    nothing is written (but an ``Idempotency-Key``, when given)."""
+    template = _find(reads, principal, template_id)
+    rendered = render(
+        template.subject,
+        template.html,
+        template.text,
+        body.get("variables", {}),
+        services.template_limits,
+    )
+    answer = {
         "subject": rendered.subject if template.subject is not None else body.get("subject"),
         "html": rendered.html,
         "text": rendered.text,
     }
+    return Change(None, answer)
 
 
 def present_template(template: Template) -> dict[str, Any]:
@@ -119,8 +170,8 @@ def _present_all(templates: Sequence[Template]) -> list[dict[str, Any]]:
     return [present_template(template) for template in templates]
 
 
-def _find(tx: Transaction, principal: Principal, template_id: str) -> Template:
-    template = tx.get_template(principal.account_id, template_id)
+def _find(reads: Reads, principal: Principal, template_id: str) -> Template:
+    template = reads.get_template(principal.account_id, template_id)
     if template is None:
         raise NotFound(f"template {template_id}: not found")
     return template

@@ -26,7 +26,7 @@ from .. import statuses
 from ..ids import new_id
 from ..settings import Settings
 from ..mail.dkim import SigningKey, sign_message
-from ..store import Database, EmailRecord, Transaction
+from ..store import EmailRecord, Store, Writes
 from ..mail.message import build_message
 from .outcome import RetryPolicy, decide, recipient_outcome
 from .transport import RelayUrl, Transport, open_transport
@@ -36,21 +36,21 @@ log = logging.getLogger("mailsvc.delivery")
 
 class DeliveryPool:
     """
-    :param db: the store, which is the queue.
+    :param store: the store, which is the queue.
     :param clock: seconds since the epoch.
     :param transport_factory: makes one transport per thread.
     """
 
     def __init__(
         self,
-        db: Database,
+        store: Store,
         settings: Settings,
         clock: Callable[[], float],
         transport_factory: Callable[[Settings], Transport] = open_transport,
     ) -> None:
         if settings.smtp_url:
             RelayUrl.parse(settings.smtp_url)  # refuse a bad URL at start-up, not per message
-        self.db = db
+        self.store = store
         self.settings = settings
         self.clock = clock
         self.transport_factory = transport_factory
@@ -145,7 +145,7 @@ class DeliveryPool:
                 wanted = self._idle_senders
             try:
                 # A claim lost with the power only means it is made again: no fsync for it.
-                batch = self.db.run(partial(self._claim, wanted=wanted), durable=False)
+                batch = self.store.write(partial(self._claim, wanted=wanted), durable=False)
             except Exception:
                 log.exception("claiming mail failed; trying again at the next poll")
                 batch = []
@@ -163,7 +163,7 @@ class DeliveryPool:
             for item in batch:
                 self._handoff.put(item)
 
-    def _claim(self, tx: Transaction, wanted: int) -> list[tuple[EmailRecord, SigningKey | None]]:
+    def _claim(self, tx: Writes, wanted: int) -> list[tuple[EmailRecord, SigningKey | None]]:
         emails = tx.claim_due(self._owner, self.clock(), self.settings.lease_seconds, wanted)
         keys: dict[tuple[str, str], SigningKey | None] = {}
         batch = []
@@ -208,11 +208,11 @@ class DeliveryPool:
                 continue
             try:
                 # A renewal lost with the power goes with the process that held the lease.
-                self.db.run(partial(self._renew, seqs=seqs), durable=False)
+                self.store.write(partial(self._renew, seqs=seqs), durable=False)
             except Exception:
                 log.exception("renewing leases failed; trying again in %.0f s", lease / 3)
 
-    def _renew(self, tx: Transaction, seqs: list[int]) -> int:
+    def _renew(self, tx: Writes, seqs: list[int]) -> int:
         return tx.renew_leases(self._owner, seqs, self.clock() + self.settings.lease_seconds)
 
     def _come_free(self) -> None:
@@ -222,7 +222,7 @@ class DeliveryPool:
 
     def _release(self, emails: list[EmailRecord]) -> None:
         seqs = [email.seq for email in emails]
-        self.db.run(lambda tx: tx.release_claims(self._owner, seqs, self.clock()))
+        self.store.write(lambda tx: tx.release_claims(self._owner, seqs, self.clock()))
 
     def _attempt(
         self, email: EmailRecord, key: SigningKey | None, transport: Transport, owner: str
@@ -248,7 +248,7 @@ class DeliveryPool:
         ]
         now = self.clock()
         decision = decide(email, outcomes, now, self.policy, self._rng)
-        kept = self.db.run(
+        kept = self.store.write(
             lambda tx: tx.finish_attempt(
                 email.seq,
                 owner,

@@ -1,6 +1,19 @@
-"""The store: the only code that writes SQL. It is also the queue."""
+"""The store: the only code that writes SQL. It is also the queue.
 
-from .db import Database
+:mod:`.contract` says what every backend promises; :func:`open_store` picks the backend that
+``MAILSVC_DATABASE`` names.
+"""
+
+from __future__ import annotations
+
+from .contract import (
+    DomainExists,
+    DomainTaken,
+    Reads,
+    Store,
+    StoreUnavailable,
+    Writes,
+)
 from .records import (
     Account,
     ApiKey,
@@ -11,15 +24,22 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
+    Take,
     Template,
 )
-from .transaction import DomainTaken, Transaction
+from .sqlite import SqliteStore
+
+
+def open_store(database: str, sqlite_synchronous: str = "FULL") -> Store:
+    """The store ``database`` names: a path for SQLite. Opens nothing until it is used."""
+    return SqliteStore(database, sqlite_synchronous)
+
 
 __all__ = [
     "Account",
     "ApiKey",
-    "Database",
     "Domain",
+    "DomainExists",
     "DomainTaken",
     "EmailFilter",
     "EmailRecord",
@@ -27,6 +47,12 @@ __all__ = [
     "IdempotentRequest",
     "NewEmail",
     "Recipient",
+    "Reads",
+    "SqliteStore",
+    "Store",
+    "StoreUnavailable",
+    "Take",
     "Template",
-    "Transaction",
+    "Writes",
+    "open_store",
 ]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
-
-from .records import Account
+from .records import Account, Take
+from .sql import Connection, Dialect
 
 
 class AccountVerbs:
-    connection: sqlite3.Connection
+    connection: Connection
+    dialect: Dialect
 
     # -- accounts and credit -------------------------------------------------------------
 
@@ -26,15 +26,16 @@ class AccountVerbs:
         return Account(*row) if row else None
 
     def add_credits(self, account_id: str, amount: int) -> int | None:
-        """Add (or, negative, remove) credit; the new balance, or None for an unknown account."""
         row = self.connection.execute(
-            "UPDATE accounts SET credits = max(credits + ?, 0) WHERE id = ? RETURNING credits",
+            f"UPDATE accounts SET credits = {self.dialect.greatest}(credits + ?, 0) WHERE id = ? "
+            f"RETURNING credits",
             (amount, account_id),
         ).fetchone()
         return row[0] if row else None
 
     def debit_credits(self, account_id: str, amount: int) -> int | None:
-        """Take ``amount`` of credit; the balance left, or None when there is not enough."""
+        # The balance is checked and changed by one statement: there is no moment between the
+        # two in which another debit could spend the same credit.
         row = self.connection.execute(
             "UPDATE accounts SET credits = credits - ? WHERE id = ? AND credits >= ? "
             "RETURNING credits",
@@ -51,27 +52,37 @@ class AccountVerbs:
             (account_id, route_group, per_minute),
         )
 
-    def get_rate_limit(self, account_id: str, route_group: str) -> int | None:
-        row = self.connection.execute(
-            "SELECT per_minute FROM account_limits WHERE account_id = ? AND route_group = ?",
-            (account_id, route_group),
-        ).fetchone()
-        return row[0] if row else None
-
-    def load_bucket(self, account_id: str, route_group: str) -> tuple[float, float] | None:
-        """The bucket's ``(tokens, updated_at)``, or None before its first use."""
-        row = self.connection.execute(
-            "SELECT tokens, updated_at FROM rate_buckets WHERE account_id = ? AND route_group = ?",
-            (account_id, route_group),
-        ).fetchone()
-        return (row[0], row[1]) if row else None
-
-    def save_bucket(
-        self, account_id: str, route_group: str, tokens: float, updated_at: float
-    ) -> None:
-        self.connection.execute(
-            "INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
-            "VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE "
-            "SET tokens = excluded.tokens, updated_at = excluded.updated_at",
-            (account_id, route_group, tokens, updated_at),
+    def get_rate_limits(self, account_id: str) -> dict[str, int]:
+        rows = self.connection.execute(
+            "SELECT route_group, per_minute FROM account_limits WHERE account_id = ?",
+            (account_id,),
         )
+        return {group: per_minute for group, per_minute in rows}
+
+    def take_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> Take:
+        # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The
+        # refill, the take and the answer are one upsert: every SET sees the row as it was.
+        least, greatest = self.dialect.least, self.dialect.greatest
+        refill = (
+            f"{least}(?, rate_buckets.tokens + "
+            f"{greatest}(0, ? - rate_buckets.updated_at) * ?)"
+        )
+        capacity, rate = float(per_minute), per_minute / 60.0
+        row = self.connection.execute(
+            f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at, taken) "
+            f"VALUES (?, ?, ?, ?, 1) ON CONFLICT (account_id, route_group) DO UPDATE SET "
+            f"tokens = CASE WHEN {refill} >= 1 THEN {refill} - 1 ELSE {refill} END, "
+            f"taken = CASE WHEN {refill} >= 1 THEN 1 ELSE 0 END, "
+            f"updated_at = {greatest}(rate_buckets.updated_at, ?) "
+            f"RETURNING tokens, taken",
+            (
+                account_id,
+                route_group,
+                capacity - 1.0,
+                now,
+                *(capacity, now, rate) * 4,
+                now,
+            ),
+        ).fetchone()
+        assert row is not None
+        return Take(bool(row[1]), float(row[0]))

@@ -1,26 +1,36 @@
-"""Store verbs for sender domains: their DKIM keys, ownership tokens and DNS checks."""
+"""Store verbs for sender domains: their DKIM keys, ownership tokens and DNS checks.
+
+Two unique constraints decide every race: ``domains_account_name`` (an account has a name once)
+and ``domains_verified_once`` (a name is verified for one account at most).
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..mail.dkim import SigningKey
-from .records import Domain, rowid_bound
+from .contract import DomainExists, DomainTaken
+from .records import Domain
+from .sql import Connection, Dialect, page_bound
 
 _COLUMNS = (
     "id, account_id, name, verified_at IS NOT NULL, dkim_selector, dkim_private_key, "
-    "verification_token, created_at, verified_at, checked_at, check_results, rowid"
+    "verification_token, created_at, verified_at, checked_at, check_results, seq"
 )
-
-
-class DomainTaken(Exception):
-    """The domain is already verified for another account."""
+_INSERT = (
+    "INSERT INTO domains (id, account_id, name, verified_at, created_at, dkim_selector, "
+    "dkim_private_key, verification_token) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+)
+VERIFIED_ONCE = "domains_verified_once"
+ACCOUNT_NAME = "domains_account_name"
 
 
 class DomainVerbs:
-    connection: sqlite3.Connection
+    connection: Connection
+    dialect: Dialect
 
     def add_domain(
         self,
@@ -32,16 +42,9 @@ class DomainVerbs:
         now: float,
         verification_token: str,
     ) -> Domain:
-        """Add a domain with its DKIM key to an account (or mark an existing one verified).
-
-        :raises DomainTaken: the domain is verified for another account already.
-        """
-        try:
+        with self._unique(name):
             row = self.connection.execute(
-                f"INSERT INTO domains (id, account_id, name, verified_at, created_at, "
-                f"dkim_selector, dkim_private_key, verification_token) "
-                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                f"ON CONFLICT (account_id, name) DO UPDATE "
+                f"{_INSERT}ON CONFLICT (account_id, name) DO UPDATE "
                 f"SET verified_at = coalesce(domains.verified_at, excluded.verified_at) "
                 f"RETURNING {_COLUMNS}",
                 (
@@ -55,35 +58,57 @@ class DomainVerbs:
                     verification_token,
                 ),
             ).fetchone()
-        except sqlite3.IntegrityError as exc:
-            if "domains.name" in str(exc):
-                raise DomainTaken(name) from None
-            raise
-        return _domain(row)
+        assert row is not None
+        return self._domain(row)
+
+    def create_domain(
+        self,
+        domain_id: str,
+        account_id: str,
+        name: str,
+        signing_key: SigningKey,
+        now: float,
+        verification_token: str,
+    ) -> Domain:
+        row = self.connection.execute(
+            f"{_INSERT}ON CONFLICT (account_id, name) DO NOTHING RETURNING {_COLUMNS}",
+            (
+                domain_id,
+                account_id,
+                name,
+                None,
+                now,
+                signing_key.selector,
+                signing_key.private_pem,
+                verification_token,
+            ),
+        ).fetchone()
+        if row is None:
+            raise DomainExists(name)
+        return self._domain(row)
 
     def get_domain(self, account_id: str, domain_id: str) -> Domain | None:
         row = self.connection.execute(
             f"SELECT {_COLUMNS} FROM domains WHERE id = ? AND account_id = ?",
             (domain_id, account_id),
         ).fetchone()
-        return _domain(row) if row else None
+        return self._domain(row) if row else None
 
     def find_domains(self, name: str) -> list[Domain]:
-        """Every account's entry for this domain name, the verified one first."""
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM domains WHERE name = ? "
             f"ORDER BY verified_at IS NULL, created_at",
             (name,),
         ).fetchall()
-        return [_domain(row) for row in rows]
+        return [self._domain(row) for row in rows]
 
     def list_domains(self, account_id: str, before_seq: int | None, limit: int) -> list[Domain]:
         rows = self.connection.execute(
-            f"SELECT {_COLUMNS} FROM domains WHERE account_id = ? AND rowid < ? "
-            f"ORDER BY rowid DESC LIMIT ?",
-            (account_id, rowid_bound(before_seq), limit),
+            f"SELECT {_COLUMNS} FROM domains WHERE account_id = ? AND seq < ? "
+            f"ORDER BY seq DESC LIMIT ?",
+            (account_id, page_bound(before_seq), limit),
         ).fetchall()
-        return [_domain(row) for row in rows]
+        return [self._domain(row) for row in rows]
 
     def delete_domain(self, account_id: str, domain_id: str) -> bool:
         cursor = self.connection.execute(
@@ -94,25 +119,15 @@ class DomainVerbs:
     def record_domain_check(
         self, domain_id: str, checks: dict[str, Any], now: float, verified: bool
     ) -> Domain | None:
-        """Keep a DNS check's results; a domain once verified stays verified.
-
-        :raises DomainTaken: ``verified``, but another account verified the name first.
-        """
-        try:
+        with self._unique(domain_id):
             row = self.connection.execute(
                 f"UPDATE domains SET checked_at = ?, check_results = ?, "
-                f"verified_at = coalesce(verified_at, CASE WHEN ? THEN ? END) "
-                f"WHERE id = ? RETURNING {_COLUMNS}",
-                (now, json.dumps(checks), verified, now, domain_id),
+                f"verified_at = coalesce(verified_at, ?) WHERE id = ? RETURNING {_COLUMNS}",
+                (now, self.dialect.json_param(json.dumps(checks)), now if verified else None, domain_id),
             ).fetchone()
-        except sqlite3.IntegrityError as exc:
-            if "domains.name" in str(exc):
-                raise DomainTaken(domain_id) from None
-            raise
-        return _domain(row) if row else None
+        return self._domain(row) if row else None
 
     def signing_key(self, account_id: str, name: str) -> SigningKey | None:
-        """The DKIM key of the account's verified domain, if it has one."""
         row = self.connection.execute(
             "SELECT dkim_selector, dkim_private_key FROM domains WHERE account_id = ? "
             "AND name = ? AND verified_at IS NOT NULL AND dkim_private_key IS NOT NULL",
@@ -127,18 +142,27 @@ class DomainVerbs:
         ).fetchone()
         return row is not None
 
+    @contextmanager
+    def _unique(self, what: str) -> Iterator[None]:
+        """Report a second account verifying a name as :class:`DomainTaken`."""
+        try:
+            yield
+        except Exception as exc:
+            if self.dialect.unique_violation(exc) == VERIFIED_ONCE:
+                raise DomainTaken(what) from None
+            raise
 
-def _domain(row: sqlite3.Row) -> Domain:
-    return Domain(
-        id=row[0],
-        account_id=row[1],
-        name=row[2],
-        verified=bool(row[3]),
-        signing_key=SigningKey(row[4], row[5]) if row[4] and row[5] else None,
-        verification_token=row[6],
-        created_at=row[7],
-        verified_at=row[8],
-        checked_at=row[9],
-        checks=json.loads(row[10]) if row[10] else {},
-        seq=row[11],
-    )
+    def _domain(self, row: Sequence[Any]) -> Domain:
+        return Domain(
+            id=row[0],
+            account_id=row[1],
+            name=row[2],
+            verified=bool(row[3]),
+            signing_key=SigningKey(row[4], row[5]) if row[4] and row[5] else None,
+            verification_token=row[6],
+            created_at=row[7],
+            verified_at=row[8],
+            checked_at=row[9],
+            checks=self.dialect.from_json(row[10]) if row[10] else {},
+            seq=row[11],
+        )

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 from .records import EmailFilter, EmailRecord, Event, Recipient
+from .sql import Connection, Dialect, marks
 
 EMAIL_COLUMNS = (
     "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
@@ -15,58 +15,56 @@ EMAIL_COLUMNS = (
 )
 
 
-def add_event(
-    connection: sqlite3.Connection,
-    email_seq: int,
-    at: float,
-    type: str,
-    detail: dict[str, Any] | None = None,
-) -> None:
-    connection.execute(
-        "INSERT INTO events (email_seq, at, type, detail) VALUES (?, ?, ?, ?)",
-        (email_seq, at, type, json.dumps(detail) if detail is not None else None),
-    )
-
-
-def with_recipients(connection: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[EmailRecord]:
-    """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order."""
-    if not rows:
-        return []
-    marks = ",".join("?" * len(rows))
-    by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
-    for recipient in connection.execute(
-        f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
-        f"FROM recipients WHERE email_seq IN ({marks}) ORDER BY email_seq, position",
-        [row[0] for row in rows],
-    ):
-        by_email[recipient[0]].append(Recipient(*recipient[1:]))
-    return [
-        EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
-        for row in rows
-    ]
-
-
 class HistoryVerbs:
-    connection: sqlite3.Connection
+    connection: Connection
+    dialect: Dialect
+
+    def add_event(
+        self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        """Add an event to an email's timeline; ``detail`` is small data the service made."""
+        self.connection.execute(
+            "INSERT INTO events (email_seq, at, type, detail) VALUES (?, ?, ?, ?)",
+            (
+                email_seq,
+                at,
+                type,
+                self.dialect.json_param(json.dumps(detail)) if detail is not None else None,
+            ),
+        )
+
+    def with_recipients(self, rows: Sequence[Sequence[Any]]) -> list[EmailRecord]:
+        """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order."""
+        if not rows:
+            return []
+        by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
+        for recipient in self.connection.execute(
+            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
+            f"FROM recipients WHERE email_seq IN ({marks(len(rows))}) "
+            f"ORDER BY email_seq, position",
+            [row[0] for row in rows],
+        ):
+            by_email[recipient[0]].append(Recipient(*recipient[1:]))
+        return [
+            EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
+            for row in rows
+        ]
 
     def email_events(self, seqs: Sequence[int]) -> dict[int, list[Event]]:
-        """The timeline of each email, oldest first."""
         events: dict[int, list[Event]] = {seq: [] for seq in seqs}
         if not seqs:
             return events
-        marks = ",".join("?" * len(seqs))
         for seq, at, type, detail in self.connection.execute(
-            f"SELECT email_seq, at, type, detail FROM events WHERE email_seq IN ({marks}) "
-            f"ORDER BY email_seq, rowid",
+            f"SELECT email_seq, at, type, detail FROM events WHERE email_seq IN "
+            f"({marks(len(seqs))}) ORDER BY email_seq, seq",
             list(seqs),
         ):
-            events[seq].append(Event(at, type, json.loads(detail) if detail else None))
+            events[seq].append(Event(at, type, self.dialect.from_json(detail) if detail else None))
         return events
 
     def list_emails(
         self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
     ) -> list[EmailRecord]:
-        """The account's emails, newest first, older than ``before_seq`` (a page's end)."""
         clauses, values = ["account_id = ?"], [account_id]
         conditions: list[tuple[str, Any]] = [
             ("seq < ?", before_seq),
@@ -88,4 +86,8 @@ class HistoryVerbs:
             f"ORDER BY seq DESC LIMIT ?",
             (*values, limit),
         ).fetchall()
-        return with_recipients(self.connection, rows)
+        return self.with_recipients(rows)
+
+    def count_emails_by_status(self) -> dict[str, int]:
+        rows = self.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
+        return {status: count for status, count in rows}

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
-from .records import ApiKey, rowid_bound
+from .records import ApiKey
+from .sql import Connection, page_bound
 
 _COLUMNS = (
     "id, account_id, secret_hash, scope, revoked_at IS NOT NULL, name, domain, created_at, "
-    "last_used_at, rowid"
+    "last_used_at, seq"
 )
 #: ``last_used_at`` is written at most this often, so a busy key does not add a write a request.
 LAST_USED_PRECISION_SECONDS = 60.0
 
 
 class KeyVerbs:
-    connection: sqlite3.Connection
+    connection: Connection
 
     def create_api_key(
         self,
@@ -32,6 +34,7 @@ class KeyVerbs:
             f"VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}",
             (key_id, account_id, secret_hash, scope, now, name, domain),
         ).fetchone()
+        assert row is not None
         return _key(row)
 
     def get_api_key(self, key_id: str) -> ApiKey | None:
@@ -41,20 +44,18 @@ class KeyVerbs:
         return _key(row) if row else None
 
     def list_api_keys(self, account_id: str, before_seq: int | None, limit: int) -> list[ApiKey]:
-        """The account's live keys, newest first."""
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM api_keys WHERE account_id = ? AND revoked_at IS NULL "
-            f"AND rowid < ? ORDER BY rowid DESC LIMIT ?",
-            (account_id, rowid_bound(before_seq), limit),
+            f"AND seq < ? ORDER BY seq DESC LIMIT ?",
+            (account_id, page_bound(before_seq), limit),
         ).fetchall()
         return [_key(row) for row in rows]
 
     def revoke_api_key(self, key_id: str, now: float, account_id: str | None = None) -> bool:
-        """Revoke a key (only the account's own, when ``account_id`` is given)."""
+        owned, values = ("", ()) if account_id is None else (" AND account_id = ?", (account_id,))
         cursor = self.connection.execute(
-            "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) "
-            "WHERE id = ? AND (? IS NULL OR account_id = ?)",
-            (now, key_id, account_id, account_id),
+            f"UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?{owned}",
+            (now, key_id, *values),
         )
         return cursor.rowcount == 1
 
@@ -66,11 +67,11 @@ class KeyVerbs:
         )
 
 
-def _key(row: sqlite3.Row) -> ApiKey:
+def _key(row: Sequence[Any]) -> ApiKey:
     return ApiKey(
         id=row[0],
         account_id=row[1],
-        secret_hash=row[2],
+        secret_hash=bytes(row[2]),
         scope=row[3],
         revoked=bool(row[4]),
         name=row[5],

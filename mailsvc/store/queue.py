@@ -7,22 +7,20 @@ reason, so an email whose sender died is taken over once its lease runs out.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable, Sequence
 
 from .. import statuses
-from .history import EMAIL_COLUMNS, add_event, with_recipients
+from .history import EMAIL_COLUMNS, HistoryVerbs
 from .records import EmailRecord, NewEmail, Recipient
+from .sql import marks
 
 
-class QueueVerbs:
-    connection: sqlite3.Connection
-
-    def enqueue_email(self, email: NewEmail) -> None:
-        cursor = self.connection.execute(
+class QueueVerbs(HistoryVerbs):
+    def enqueue_email(self, email: NewEmail) -> int:
+        row = self.connection.execute(
             "INSERT INTO emails (id, account_id, status, sender_name, sender_address, reply_to, "
             "subject, html, text, template_id, variables, message_id, created_at, due_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
             (
                 email.id,
                 email.account_id,
@@ -34,21 +32,23 @@ class QueueVerbs:
                 email.html,
                 email.text,
                 email.template_id,
-                email.variables,
+                self.dialect.json_param(email.variables) if email.variables is not None else None,
                 email.message_id,
                 email.created_at,
                 email.created_at,
             ),
-        )
+        ).fetchone()
+        assert row is not None
+        seq: int = row[0]
         self.connection.executemany(
             "INSERT INTO recipients (email_seq, position, address, status) VALUES (?, ?, ?, ?)",
             [
-                (cursor.lastrowid, position, address, statuses.QUEUED)
+                (seq, position, address, statuses.QUEUED)
                 for position, address in enumerate(email.recipients)
             ],
         )
-        assert cursor.lastrowid is not None
-        add_event(self.connection, cursor.lastrowid, email.created_at, statuses.QUEUED)
+        self.add_event(seq, email.created_at, statuses.QUEUED)
+        return seq
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
         """The account's email with this id; None for an unknown id or another account's."""
@@ -56,19 +56,20 @@ class QueueVerbs:
             f"SELECT {EMAIL_COLUMNS} FROM emails WHERE id = ? AND account_id = ?",
             (email_id, account_id),
         ).fetchone()
-        return with_recipients(self.connection, [row])[0] if row else None
+        return self.with_recipients([row])[0] if row else None
 
     def claim_due(
         self, owner: str, now: float, lease_seconds: float, limit: int = 1
     ) -> list[EmailRecord]:
-        """Lease up to ``limit`` due emails to ``owner`` and mark them ``sending``."""
+        # One statement picks and leases; on PostgreSQL its SELECT locks what it picks and passes
+        # over rows another claimer holds, so two claimers never take the same email.
         rows = self.connection.execute(
             f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
-            f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ? ORDER BY due_at LIMIT ?) "
-            f"RETURNING {EMAIL_COLUMNS}",
+            f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ? ORDER BY due_at LIMIT ?"
+            f"{self.dialect.skip_locked}) RETURNING {EMAIL_COLUMNS}",
             (statuses.SENDING, owner, now + lease_seconds, now, limit),
         ).fetchall()
-        return with_recipients(self.connection, rows)
+        return self.with_recipients(rows)
 
     def finish_attempt(
         self,
@@ -80,13 +81,8 @@ class QueueVerbs:
         due_at: float | None,
         last_error: str | None,
     ) -> bool:
-        """Record an attempt's outcome, if ``owner`` still holds the lease, and add the events
-        ``attempt`` (with each recipient's reply) and the new status to the email's timeline.
-
-        :param recipients: ``(position, outcome)`` of each recipient the attempt tried.
-        :param due_at: when to try again; None when the email is final.
-        :returns: False when the lease was lost to another thread (nothing is written).
-        """
+        """:param recipients: ``(position, outcome)`` of each recipient the attempt tried.
+        :param due_at: when to try again; None when the email is final."""
         cursor = self.connection.execute(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
             "sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
@@ -125,31 +121,26 @@ class QueueVerbs:
             }
             for _, r in recipients
         ]
-        add_event(self.connection, seq, now, "attempt", {"attempt": row[0], "recipients": replies})
-        add_event(self.connection, seq, now, status, {"nextAttemptAt": due_at} if due_at else None)
+        self.add_event(seq, now, "attempt", {"attempt": row[0], "recipients": replies})
+        self.add_event(seq, now, status, {"nextAttemptAt": due_at} if due_at else None)
         return True
 
     def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:
-        """Extend ``owner``'s leases on these emails to ``until``; an email it no longer holds
-        (its lease ran out and another took it over) is left alone."""
         if not seqs:
             return 0
-        marks = ",".join("?" * len(seqs))
         cursor = self.connection.execute(
-            f"UPDATE emails SET due_at = ? WHERE lease_owner = ? AND seq IN ({marks})",
+            f"UPDATE emails SET due_at = ? WHERE lease_owner = ? AND seq IN ({marks(len(seqs))})",
             (until, owner, *seqs),
         )
         return cursor.rowcount
 
     def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
-        """Give back leased emails that were never attempted, due at once for anyone."""
         if not seqs:
             return 0
-        marks = ",".join("?" * len(seqs))
         cursor = self.connection.execute(
             f"UPDATE emails SET due_at = ?, lease_owner = NULL, attempts = attempts - 1, "
             f"status = CASE WHEN attempts > 1 THEN ? ELSE ? END "
-            f"WHERE lease_owner = ? AND seq IN ({marks})",
+            f"WHERE lease_owner = ? AND seq IN ({marks(len(seqs))})",
             (now, statuses.DEFERRED, statuses.QUEUED, owner, *seqs),
         )
         return cursor.rowcount

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..mail.dkim import SigningKey
-
-
-def rowid_bound(before_seq: int | None) -> int:
-    """The ``rowid < ?`` bound of a page, newest first: above every rowid for the first page."""
-    return before_seq if before_seq is not None else 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -136,8 +131,16 @@ class Template:
 
 @dataclass(frozen=True)
 class IdempotentRequest:
+    """The request that claimed an idempotency key, and its answer."""
+
     fingerprint: str
     created_at: float
-    in_flight_until: float | None
-    response_status: int | None
-    response_body: str | None
+    response_status: int
+    response_body: str
+
+
+class Take(NamedTuple):
+    """A rate-limit bucket after a request: whether it took a token, and the tokens left."""
+
+    taken: bool
+    tokens: float

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
-
-from .records import Template, rowid_bound
+from .records import Template
+from .sql import Connection, page_bound
 
 _COLUMNS = "seq, id, account_id, name, subject, html, text, created_at, updated_at"
 
 
 class TemplateVerbs:
-    connection: sqlite3.Connection
+    connection: Connection
 
     def create_template(
         self,
@@ -27,6 +26,7 @@ class TemplateVerbs:
             f"updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING {_COLUMNS}",
             (template_id, account_id, name, subject, html, text, now, now),
         ).fetchone()
+        assert row is not None
         return Template(*row)
 
     def get_template(self, account_id: str, template_id: str) -> Template | None:
@@ -65,6 +65,6 @@ class TemplateVerbs:
         rows = self.connection.execute(
             f"SELECT {_COLUMNS} FROM templates WHERE account_id = ? AND seq < ? "
             f"ORDER BY seq DESC LIMIT ?",
-            (account_id, rowid_bound(before_seq), limit),
+            (account_id, page_bound(before_seq), limit),
         ).fetchall()
         return [Template(*row) for row in rows]

@@ -13,11 +13,10 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from contextlib import AbstractContextManager
+from typing import Generic, TypeVar
 
-if TYPE_CHECKING:
-    from .db import Database
-    from .transaction import Transaction
+from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
 
@@ -28,7 +27,7 @@ MAX_BATCH = 64
 class _Job(Generic[Result]):
     __slots__ = ("work", "durable", "done", "result", "error")
 
-    def __init__(self, work: Callable[[Transaction], Result], durable: bool) -> None:
+    def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
         self.done = threading.Event()
@@ -38,15 +37,24 @@ class _Job(Generic[Result]):
 
 class Writer:
     """The writer of one process; it starts on first use, in the process that uses it (so a
-    thread is never carried across ``fork()``)."""
+    thread is never carried across ``fork()``).
 
-    def __init__(self, database: Database) -> None:
-        self.database = database
+    :param transaction: opens a write transaction on the writer thread's connection.
+    :param close: closes that connection, when the thread ends.
+    """
+
+    def __init__(
+        self,
+        transaction: Callable[[bool], AbstractContextManager[SqlVerbs]],
+        close: Callable[[], None],
+    ) -> None:
+        self._transaction = transaction
+        self._close = close
         self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
         self._pid: int | None = None
         self._start_lock = threading.Lock()
 
-    def run(self, work: Callable[[Transaction], Result], durable: bool = True) -> Result:
+    def run(self, work: Callable[[SqlVerbs], Result], durable: bool = True) -> Result:
         """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
 
         :param durable: the result is returned only once the commit is on disk. A batch is
@@ -98,11 +106,11 @@ class Writer:
                 if jobs:
                     self._commit(jobs)
         finally:
-            self.database.close()
+            self._close()
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:
-            with self.database.transaction(durable=any(job.durable for job in jobs)) as tx:
+            with self._transaction(any(job.durable for job in jobs)) as tx:
                 for job in jobs:
                     try:
                         with tx.savepoint():

@@ -1,0 +1,363 @@
+"""The store's contract: every verb, what it returns, and what it promises under concurrency.
+
+A backend (SQLite on one machine, PostgreSQL shared by several) implements :class:`Store`.
+Handlers, delivery and the operator's actions see only these protocols, never a connection,
+so they run unchanged on either.
+
+Every promise below holds for callers in any thread, any gunicorn worker and, on PostgreSQL, any
+host, *without* a lock around the caller: each write verb is one statement, or a few whose
+correctness does not depend on what runs beside them (an insert guarded by a unique constraint, a
+conditional update that checks and changes in one step). Nothing here is correct only because
+writes happen to be serialised: SQLite serialises them, PostgreSQL does not, and the same tests run
+on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
+
+from ..mail.dkim import SigningKey
+from .records import (
+    Account,
+    ApiKey,
+    Domain,
+    EmailFilter,
+    EmailRecord,
+    Event,
+    IdempotentRequest,
+    NewEmail,
+    Recipient,
+    Take,
+    Template,
+)
+
+Result = TypeVar("Result")
+
+
+class DomainTaken(Exception):
+    """The domain name is verified for another account already (one account per name)."""
+
+
+class DomainExists(Exception):
+    """The account has this domain already."""
+
+
+class StoreUnavailable(Exception):
+    """The store cannot be reached or used (a bad URL, a server that is down)."""
+
+
+class Reads(Protocol):
+    """What may be read. A read sees only committed data and never waits for a writer."""
+
+    # -- accounts, keys, limits ----------------------------------------------------------
+
+    def get_account(self, account_id: str) -> Account | None: ...
+
+    def get_api_key(self, key_id: str) -> ApiKey | None:
+        """The key, revoked or not. A revocation committed anywhere is seen by the next read."""
+        ...
+
+    def list_api_keys(self, account_id: str, before_seq: int | None, limit: int) -> list[ApiKey]:
+        """The account's live keys, newest first."""
+        ...
+
+    def get_rate_limits(self, account_id: str) -> dict[str, int]:
+        """The account's own requests-per-minute, by route group (only those it has)."""
+        ...
+
+    # -- domains ------------------------------------------------------------------------
+
+    def get_domain(self, account_id: str, domain_id: str) -> Domain | None: ...
+
+    def find_domains(self, name: str) -> list[Domain]:
+        """Every account's entry for this name, the verified one first."""
+        ...
+
+    def list_domains(self, account_id: str, before_seq: int | None, limit: int) -> list[Domain]: ...
+
+    def is_domain_verified(self, account_id: str, name: str) -> bool: ...
+
+    def signing_key(self, account_id: str, name: str) -> SigningKey | None:
+        """The DKIM key of the account's verified domain of this name, if it has one."""
+        ...
+
+    # -- emails -------------------------------------------------------------------------
+
+    def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
+        """The account's email; None for an unknown id or another account's."""
+        ...
+
+    def list_emails(
+        self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
+    ) -> list[EmailRecord]:
+        """The account's emails matching ``where``, newest first, older than ``before_seq``."""
+        ...
+
+    def email_events(self, seqs: Sequence[int]) -> dict[int, list[Event]]:
+        """The timeline of each email, oldest first."""
+        ...
+
+    def count_emails_by_status(self) -> dict[str, int]:
+        """How many emails are in each status, over every account."""
+        ...
+
+    # -- templates, idempotency, secrets -------------------------------------------------
+
+    def get_template(self, account_id: str, template_id: str) -> Template | None: ...
+
+    def list_templates(
+        self, account_id: str, before_seq: int | None, limit: int
+    ) -> list[Template]: ...
+
+    def get_idempotent(
+        self, account_id: str, key: str, live_after: float
+    ) -> IdempotentRequest | None:
+        """The stored answer for the account's key, if it was created after ``live_after``."""
+        ...
+
+    def get_service_secret(self, name: str) -> bytes | None: ...
+
+
+class Writes(Reads, Protocol):
+    """What may be written, inside one transaction of :meth:`Store.write`. A verb that raises
+    leaves nothing of itself behind; the transaction's earlier work stands or falls with it."""
+
+    # -- accounts and credit --------------------------------------------------------------
+
+    def create_account(self, account_id: str, name: str, credits: int, now: float) -> Account: ...
+
+    def add_credits(self, account_id: str, amount: int) -> int | None:
+        """Add ``amount`` (negative: remove, never below zero) in one update; the new balance, or
+        None for an unknown account. Concurrent calls all count."""
+        ...
+
+    def debit_credits(self, account_id: str, amount: int) -> int | None:
+        """Take ``amount`` if the balance covers it, in one conditional update; the balance left,
+        or None (nothing taken). However many debits run at once, their sum never exceeds the
+        balance: credit is never overspent."""
+        ...
+
+    def set_rate_limit(self, account_id: str, route_group: str, per_minute: int) -> None: ...
+
+    def take_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> Take:
+        """Refill the account's bucket for the group up to ``now`` and take one token if there is
+        one, in one statement: every worker and host draws on the same bucket, and no two
+        requests take the same token."""
+        ...
+
+    # -- API keys ------------------------------------------------------------------------
+
+    def create_api_key(
+        self,
+        key_id: str,
+        account_id: str,
+        secret_hash: bytes,
+        scope: str,
+        now: float,
+        name: str | None = None,
+        domain: str | None = None,
+    ) -> ApiKey: ...
+
+    def revoke_api_key(self, key_id: str, now: float, account_id: str | None = None) -> bool:
+        """Revoke a key (only the account's own, when ``account_id`` is given); False when there
+        is no such key. Once committed, every read on every host sees it revoked."""
+        ...
+
+    def touch_api_key(self, key_id: str, now: float) -> None:
+        """Note that the key was used (at most once a minute is written)."""
+        ...
+
+    # -- domains ------------------------------------------------------------------------
+
+    def add_domain(
+        self,
+        domain_id: str,
+        account_id: str,
+        name: str,
+        verified: bool,
+        signing_key: SigningKey,
+        now: float,
+        verification_token: str,
+    ) -> Domain:
+        """Add a domain to an account, or, when the account has it, keep that one (marked
+        verified if ``verified``). The operator's verb.
+
+        :raises DomainTaken: ``verified``, and another account has the name verified. A unique
+            constraint decides, so of two accounts verifying one name at once, one wins.
+        """
+        ...
+
+    def create_domain(
+        self,
+        domain_id: str,
+        account_id: str,
+        name: str,
+        signing_key: SigningKey,
+        now: float,
+        verification_token: str,
+    ) -> Domain:
+        """Add a new, pending domain to an account.
+
+        :raises DomainExists: the account has the name already (a unique constraint decides).
+        """
+        ...
+
+    def delete_domain(self, account_id: str, domain_id: str) -> bool: ...
+
+    def record_domain_check(
+        self, domain_id: str, checks: dict[str, Any], now: float, verified: bool
+    ) -> Domain | None:
+        """Keep a DNS check's results; ``verified`` marks the domain verified (once verified, it
+        stays). None for an unknown domain.
+
+        :raises DomainTaken: another account has the name verified (a unique constraint decides).
+        """
+        ...
+
+    # -- the queue -----------------------------------------------------------------------
+
+    def enqueue_email(self, email: NewEmail) -> int:
+        """Queue an accepted email with its recipients and its first event; its sequence number."""
+        ...
+
+    def claim_due(
+        self, owner: str, now: float, lease_seconds: float, limit: int = 1
+    ) -> list[EmailRecord]:
+        """Lease up to ``limit`` emails due by ``now`` to ``owner`` and mark them ``sending``.
+        Two claimers running at once never get the same email: a claimed email is not due again
+        until its lease (``lease_seconds``) runs out."""
+        ...
+
+    def finish_attempt(
+        self,
+        seq: int,
+        owner: str,
+        status: str,
+        recipients: Iterable[tuple[int, Recipient]],
+        now: float,
+        due_at: float | None,
+        last_error: str | None,
+    ) -> bool:
+        """Record an attempt's outcome, and its events, only if ``owner`` still holds the lease
+        (checked and written in one update). False, and nothing written, when it lost it."""
+        ...
+
+    def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:
+        """Extend the leases ``owner`` still holds on these emails; the number renewed."""
+        ...
+
+    def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
+        """Give back emails ``owner`` leased but never attempted, due at once for anyone."""
+        ...
+
+    # -- templates ------------------------------------------------------------------------
+
+    def create_template(
+        self,
+        template_id: str,
+        account_id: str,
+        name: str,
+        subject: str | None,
+        html: str | None,
+        text: str | None,
+        now: float,
+    ) -> Template: ...
+
+    def update_template(
+        self,
+        account_id: str,
+        template_id: str,
+        name: str,
+        subject: str | None,
+        html: str | None,
+        text: str | None,
+        now: float,
+    ) -> Template | None: ...
+
+    def delete_template(self, account_id: str, template_id: str) -> bool: ...
+
+    # -- idempotency and secrets -----------------------------------------------------------
+
+    def claim_idempotency(
+        self,
+        account_id: str,
+        key: str,
+        fingerprint: str,
+        now: float,
+        live_after: float,
+        status: int,
+        body: str,
+    ) -> IdempotentRequest | None:
+        """Claim the account's key for this request, with the answer it will have, in one
+        insert: None when claimed (the rest of the transaction decides whether it stands), or
+        the live row that holds the key. A row created before ``live_after`` is replaced. Of
+        concurrent claims of one key, exactly one gets None; on PostgreSQL the others wait for
+        its transaction and then get its row."""
+        ...
+
+    def purge_idempotent(self, created_before: float, limit: int = 100) -> int:
+        """Delete up to ``limit`` stored answers created before ``created_before``."""
+        ...
+
+    def service_secret(self, name: str, candidate: bytes) -> bytes:
+        """The service's secret of this name: ``candidate`` if none was stored yet, else the
+        stored one. Every process and host ends up with the same value."""
+        ...
+
+
+class Store(Protocol):
+    """A backend: where reads run, and the one way to write."""
+
+    #: ``"sqlite"`` or ``"postgresql"``.
+    backend: str
+
+    def read(self) -> AbstractContextManager[Reads]:
+        """A read transaction: one consistent snapshot of committed data."""
+        ...
+
+    @property
+    def reads(self) -> Reads:
+        """Reads that each run in their own short read transaction: for a caller that reads,
+        then computes or waits, then reads again, holding nothing in between."""
+        ...
+
+    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+        """Run ``job`` in a write transaction and commit it; its result, or its exception (then
+        nothing it wrote stands).
+
+        ``job`` must be short store work: no rendering, no key generation, no network, no
+        encoding of answers. On SQLite it runs under the database's one write lock.
+
+        :param durable: the commit is on disk before this returns. When False it may be lost
+            with the power (not with the process): for rate-limit tokens, claims and leases.
+        """
+        ...
+
+    def wait_for_mail(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for news of mail queued by another process or host; True if
+        some came. A backend without such news returns False at once."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release this process's connections and threads; the store opens them again if used."""
+        ...
+
+
+def each_read(store: Store) -> Reads:
+    """:attr:`Store.reads` for a backend: every verb in its own read transaction."""
+    return _EachRead(store)  # type: ignore[return-value]
+
+
+class _EachRead:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._store.read() as view:
+                return getattr(view, name)(*args, **kwargs)
+
+        return call
+

@@ -1,0 +1,56 @@
+"""What the verbs need of a database connection, and the few places where SQL differs by backend.
+
+The verbs are written once, in SQL that SQLite and PostgreSQL both run, with ``?`` placeholders
+(the PostgreSQL connection translates them). Where the two differ, the verbs ask the
+:class:`Dialect`: the names of the two-argument minimum and maximum, the clause that makes a claim
+skip rows another transaction holds, how a JSON value is passed and read back, and which unique
+constraint an integrity error names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Sequence[Any] | None: ...
+
+    def fetchall(self) -> list[Sequence[Any]]: ...
+
+    def __iter__(self) -> Any: ...
+
+
+class Connection(Protocol):
+    def execute(self, sql: str, params: Sequence[Any] = ...) -> Cursor: ...
+
+    def executemany(self, sql: str, params: Iterable[Sequence[Any]]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    #: The scalar minimum and maximum of two values (``min``/``max`` or ``LEAST``/``GREATEST``).
+    least: str
+    greatest: str
+    #: Appended to the SELECT of a claim: rows another transaction has locked are passed over.
+    skip_locked: str
+    #: The name of the unique constraint an integrity error reports, or None for another error.
+    unique_violation: Callable[[BaseException], str | None]
+    #: JSON text (encoded by the caller, outside any lock) as a statement parameter for a JSON
+    #: column, and such a column's value read back as Python data.
+    json_param: Callable[[str], Any]
+    from_json: Callable[[Any], Any]
+
+
+def marks(count: int) -> str:
+    """``?, ?, ?`` for ``count`` values of an ``IN (...)`` list."""
+    return ",".join("?" * count)
+
+
+def page_bound(before_seq: int | None) -> int:
+    """The ``seq < ?`` bound of a page, newest first: above every sequence number at first."""
+    return before_seq if before_seq is not None else 2**63 - 1

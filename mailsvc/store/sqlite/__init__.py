@@ -1,0 +1,202 @@
+"""The embedded store: one SQLite file shared by every thread and gunicorn worker of a machine.
+
+Reads run on a small pool of connections that may only read (``query_only``); in WAL mode a
+reader never waits for the writer. Writes go through this process's writer thread, which
+group-commits (see :mod:`.writer`). The writers of several processes are serialised by an
+``flock`` on a lock file beside the database, taken before ``BEGIN IMMEDIATE``: a waiting writer
+sleeps in the kernel and wakes the moment the lock is free, instead of in SQLite's busy handler,
+which polls in steps of up to 100 ms. Connections are opened lazily, in the process that uses
+them, and never carried across ``fork()``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+
+from ..contract import Reads, Writes, each_read
+from ..sql import Dialect
+from ..verbs import SqlVerbs
+from .writer import Writer
+
+Result = TypeVar("Result")
+
+#: SQLite names a failed unique constraint by its columns; the verbs know it by name.
+_CONSTRAINTS = {
+    "domains.name": "domains_verified_once",
+    "domains.account_id, domains.name": "domains_account_name",
+}
+_UNIQUE_FAILED = "UNIQUE constraint failed: "
+#: Idle read connections kept open per process.
+_IDLE_READERS = 8
+
+
+def _unique_violation(exc: BaseException) -> str | None:
+    if isinstance(exc, sqlite3.IntegrityError) and str(exc).startswith(_UNIQUE_FAILED):
+        columns = str(exc).removeprefix(_UNIQUE_FAILED)
+        return _CONSTRAINTS.get(columns, columns)
+    return None
+
+
+DIALECT = Dialect(
+    name="sqlite",
+    least="min",
+    greatest="max",
+    skip_locked="",  # one writer at a time: nothing to skip
+    unique_violation=_unique_violation,
+    json_param=lambda text: text,
+    from_json=json.loads,
+)
+
+
+class SqliteStore:
+    """The store in one SQLite file.
+
+    :param path: the database file; its folder is created when missing.
+    :param synchronous: the ``synchronous`` pragma of durable writes (``FULL``: a commit is on
+        disk before it returns).
+    """
+
+    backend = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
+        self.path = Path(path)
+        self.synchronous = synchronous
+        self.reads: Reads = each_read(self)
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._idle: list[sqlite3.Connection] = []
+        self._writing: tuple[sqlite3.Connection, int] | None = None  # the writer thread's
+        self._writer = Writer(self._transaction, self._close_writing)
+
+    @contextmanager
+    def read(self) -> Iterator[Reads]:
+        connection = self._reader()
+        connection.execute("BEGIN")  # one snapshot for every statement of the block
+        try:
+            yield SqlVerbs(connection, DIALECT)
+        finally:
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.Error:
+                connection.close()
+            else:
+                self._give_back(connection)
+
+    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+        return self._writer.run(job, durable)
+
+    def wait_for_mail(self, timeout: float) -> bool:
+        return False  # processes on one machine find each other's mail by polling
+
+    def shutdown(self) -> None:
+        self._writer.stop()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    # -- connections ----------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        with self._lock:
+            if self._pid != os.getpid():  # a new process: nothing of the parent's is used
+                self._pid, self._idle, self._writing = os.getpid(), [], None
+            if self._idle:
+                return self._idle.pop()
+        connection = self._open()
+        connection.execute("PRAGMA query_only = ON")
+        return connection
+
+    def _give_back(self, connection: sqlite3.Connection) -> None:
+        with self._lock:
+            if len(self._idle) < _IDLE_READERS and self._pid == os.getpid():
+                self._idle.append(connection)
+                return
+        connection.close()
+
+    @contextmanager
+    def _transaction(self, durable: bool) -> Iterator[SqlVerbs]:
+        """A write transaction on the writer thread's connection, under the file lock."""
+        if self._writing is None or self._writing[1] != os.getpid():
+            self._writing = (self._open(), os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT))
+        connection, lock_fd = self._writing
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        if not durable:
+            connection.execute("PRAGMA synchronous = NORMAL")
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqlVerbs(connection, DIALECT)
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+        finally:
+            if not durable:
+                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _close_writing(self) -> None:
+        if self._writing is not None:
+            connection, lock_fd = self._writing
+            connection.close()
+            os.close(lock_fd)
+            self._writing = None
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=30
+        )
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute(f"PRAGMA synchronous = {self.synchronous}")
+        connection.execute("PRAGMA foreign_keys = ON")
+        _migrate(connection, self.path)
+        return connection
+
+
+_migrated: set[tuple[int, Path]] = set()
+_migrated_lock = threading.Lock()
+
+
+def _migrate(connection: sqlite3.Connection, path: Path) -> None:
+    """Apply the migrations the file has not seen yet (once per file and process), in order, each
+    in its own transaction, under the file lock so that one process migrates at a time."""
+    marker = (os.getpid(), path.resolve())
+    with _migrated_lock:
+        if marker in _migrated:
+            return
+        scripts = sorted(
+            (
+                entry
+                for entry in resources.files("mailsvc.store")
+                .joinpath("migrations", "sqlite")
+                .iterdir()
+                if entry.name.endswith(".sql")
+            ),
+            key=lambda entry: entry.name,
+        )
+        lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            version = connection.execute("PRAGMA user_version").fetchone()[0]
+            for number, script in enumerate(scripts, start=1):
+                if number > version:
+                    # executescript() commits first; the flock keeps other processes out.
+                    connection.executescript(
+                        f"BEGIN IMMEDIATE;\n{script.read_text()}\n"
+                        f"PRAGMA user_version = {number};\nCOMMIT;"
+                    )
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
+        _migrated.add(marker)

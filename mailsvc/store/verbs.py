@@ -1,0 +1,37 @@
+"""Every store verb, bound to one connection in an open transaction, for either backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .accounts import AccountVerbs
+from .domains import DomainVerbs
+from .idempotency import IdempotencyVerbs
+from .keys import KeyVerbs
+from .queue import QueueVerbs
+from .secrets import SecretVerbs
+from .sql import Connection, Dialect
+from .templates import TemplateVerbs
+
+
+class SqlVerbs(
+    AccountVerbs, KeyVerbs, DomainVerbs, QueueVerbs, TemplateVerbs, IdempotencyVerbs, SecretVerbs
+):
+    """The verbs of :class:`~mailsvc.store.contract.Writes` (and so of ``Reads``), in SQL."""
+
+    def __init__(self, connection: Connection, dialect: Dialect) -> None:
+        self.connection = connection
+        self.dialect = dialect
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Undo what the block wrote if it raises, and keep what came before it."""
+        self.connection.execute("SAVEPOINT block")
+        try:
+            yield
+        except BaseException:
+            self.connection.execute("ROLLBACK TO SAVEPOINT block")
+            raise
+        finally:
+            self.connection.execute("RELEASE SAVEPOINT block")

@@ -1,0 +1,133 @@
+"""JSON from a client, parsed strictly: every shape that the standard parser accepts but the
+service cannot store, compare or send is refused, naming where it is.
+
+Refused, each with a 400: text that is not UTF-8; malformed JSON; ``NaN``, ``Infinity`` and
+numbers that overflow to them (``1e400``); integers outside the 64-bit signed range (also what
+keeps Python's 4,300-digit conversion limit out of reach); an object with the same key twice;
+strings holding NUL or a lone UTF-16 surrogate (``"\\ud800"``), which neither UTF-8 nor
+PostgreSQL can carry; and nesting deeper than :data:`MAX_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .errors import ValidationFailed
+from .validation import field_path
+
+#: Deepest nesting of arrays and objects accepted in a request body.
+MAX_DEPTH = 32
+_INT_DIGITS = 19
+_INT_RANGE = range(-(2**63), 2**63)
+_BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+class _Duplicated(dict[str, Any]):
+    """An object that had a key twice (the parser keeps the last)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+class _Unfit:
+    """A number that does not fit, kept as it was written."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def parse(raw: bytes) -> Any:
+    """The JSON document in ``raw``.
+
+    :raises ValidationFailed: with a message naming the field and the rule.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValidationFailed("body: not valid UTF-8") from None
+    try:
+        document = json.loads(
+            text,
+            object_pairs_hook=_object,
+            parse_int=_integer,
+            parse_float=_float,
+            parse_constant=_constant,
+        )
+    except json.JSONDecodeError as exc:
+        raise ValidationFailed(
+            f"body: malformed JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    except RecursionError:
+        raise ValidationFailed(f"body: nested deeper than {MAX_DEPTH} levels") from None
+    _inspect(document)
+    return document
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+    return _Duplicated(pairs, duplicate)
+
+
+def _integer(text: str) -> int | _Unfit:
+    if len(text.lstrip("-")) > _INT_DIGITS:
+        return _Unfit(text)
+    number = int(text)
+    return number if number in _INT_RANGE else _Unfit(text)
+
+
+def _float(text: str) -> float | _Unfit:
+    number = float(text)
+    return number if math.isfinite(number) else _Unfit(text)
+
+
+def _constant(name: str) -> None:
+    raise ValidationFailed(f"body: {name} is not valid JSON")
+
+
+def _inspect(document: Any) -> None:
+    """Walk the document once, without recursion, and refuse the first thing that is wrong."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(document, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _BAD_TEXT.search(value):
+                raise ValidationFailed(f"{_field(path)}: {_what_is_bad(value)}")
+        elif isinstance(value, dict):
+            _deep(path)
+            if isinstance(value, _Duplicated):
+                raise ValidationFailed(f'{_field(path)}: the key "{value.key}" is given twice')
+            for key, item in value.items():
+                if _BAD_TEXT.search(key):
+                    raise ValidationFailed(f"{_field(path)}: a key {_what_is_bad(key)}")
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            _deep(path)
+            stack.extend((item, (*path, index)) for index, item in enumerate(value))
+        elif isinstance(value, _Unfit):
+            raise ValidationFailed(
+                f"{_field(path)}: the number {value.text[:40]} is out of range "
+                f"(integers from -2^63 to 2^63-1, finite numbers)"
+            )
+
+
+def _deep(path: tuple[str | int, ...]) -> None:
+    if len(path) >= MAX_DEPTH:
+        raise ValidationFailed(f"{_field(path[:MAX_DEPTH])}: nested deeper than {MAX_DEPTH} levels")
+
+
+def _what_is_bad(text: str) -> str:
+    if "\x00" in text:
+        return "must not contain NUL (\\u0000)"
+    return "contains a lone UTF-16 surrogate, which is not a character"
+
+
+def _field(path: tuple[str | int, ...]) -> str:
+    return field_path(path) or "body"
