@@ -12,7 +12,7 @@ wsgi_app = "mailsvc.wsgi:app"
 bind = _settings.bind
 workers = _settings.workers
 worker_class = "gthread"
-threads = 4
+threads = _settings.threads
 # gunicorn's control socket has one default path for every instance on the machine; mailsvc
 # does not use gunicornc, and several servers (tests, side-by-side benchmarks) must not collide.
 control_socket_disable = True

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
+from werkzeug.wsgi import ClosingIterator
 
 from . import idempotency
 from .auth import Principal, authenticate, read_token, require_scope
@@ -32,7 +34,7 @@ from .changes import Change
 from .delivery import DeliveryPool
 from .errors import render_error
 from .idempotency import Claim, Replay
-from .inputs import Input, read_input
+from .inputs import AUTHENTICATED, Input, discard_unread_body, read_input
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
@@ -74,15 +76,16 @@ class MailService:
             response = self.dispatch(Request(environ))
         except Exception as exc:
             response = render_error(exc)
-        return response(environ, start_response)
+        answer = response(environ, start_response)
+        return ClosingIterator(answer, partial(discard_unread_body, environ))
 
     def dispatch(self, request: Request) -> Response:
-        endpoint, arguments = self.url_map.bind_to_environ(request.environ).match()
+        endpoint, matched = self.url_map.bind_to_environ(request.environ).match()
         now = self.clock()
         caller = self._admit(request, endpoint, now)
         given = read_input(request, endpoint, self.schemas, self.settings)
         require_scope(caller, endpoint.scopes)
-        arguments.update(given.arguments)
+        arguments = {**matched, **given.arguments}
         if not endpoint.writes:
             with self.store.read() as view:
                 data = endpoint.handler(view, caller, self.services, **arguments)
@@ -120,6 +123,7 @@ class MailService:
         with self.store.read() as view:
             caller = authenticate(token, view)
             per_minute = limiter.limits_for(view, caller.account_id)[endpoint.rate_group]
+        request.environ[AUTHENTICATED] = True
         limiter.admit(self.store, caller, endpoint.rate_group, per_minute, now)
         return caller
 

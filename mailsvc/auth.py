@@ -86,11 +86,7 @@ def authenticate(token: Token, reads: Reads) -> Principal:
     :raises NotAuthenticated: it names no live key, or the secret is wrong.
     """
     key = reads.get_api_key(token.key_id)
-    if (
-        key is None
-        or key.revoked
-        or not hmac.compare_digest(key.secret_hash, _hash(token.secret))
-    ):
+    if key is None or key.revoked or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
         raise NotAuthenticated("Authorization: unknown or revoked API key")
     return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at)
 

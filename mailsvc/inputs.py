@@ -5,9 +5,15 @@ The body is read from the WSGI stream here, not through Werkzeug's request, and 
 ``max_body_bytes``: a body announced larger is a 413 before a byte of it is read; a chunked body
 is read to one byte past the limit, and a 413 if it has that byte (instead of being cut short
 and accepted); a chunked body that does not parse, or one that ends before its
-``Content-Length``, is a 400. gunicorn discards what a refused request did not read before it
-reads the next request on the connection, so an ordinary client that is still sending gets to
-read its 413.
+``Content-Length``, is a 400.
+
+A client such as Python's ``http.client`` sends its whole body before it reads the answer: if
+the server closed the connection on an unread body, the client would see a reset, never its
+413. So once the answer to an authenticated caller is written, :func:`discard_unread_body`
+reads what is left and throws it away, up to :data:`DISCARD_BYTES` and :data:`DISCARD_SECONDS`;
+beyond that the connection is closed. Without a valid key nothing is read for the caller (the
+server drains 64 KB itself): an unauthenticated request stays cheap, and one that sends a large
+body may see the connection reset instead of its 401.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from .settings import Settings
 from .validation import Schemas
 
 _CHUNK = 65536
+#: How much of a refused request's body is read and thrown away so that its client can read
+#: the answer, at most, and for how long.
+DISCARD_BYTES = 16 * 1024 * 1024
+DISCARD_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -114,3 +124,32 @@ def _read(stream: Any, limit: int) -> bytes:
             "body: could not be read (malformed chunked encoding, or the connection ended)"
         ) from None
     return b"".join(parts)
+
+
+#: Set in the WSGI environ once the caller's key is known good.
+AUTHENTICATED = "mailsvc.authenticated"
+
+
+def discard_unread_body(environ: dict[str, Any]) -> None:
+    """Read and drop what the app did not read of an authenticated caller's body (see the
+    module's description)."""
+    if not environ.get(AUTHENTICATED):
+        return
+    declared = environ.get("CONTENT_LENGTH") or ""
+    if declared.isdigit() and int(declared) > DISCARD_BYTES:
+        return  # too much to wait for: the server closes the connection
+    server_socket = environ.get("gunicorn.socket")
+    try:
+        if server_socket is not None:
+            server_socket.settimeout(DISCARD_SECONDS)
+        left = DISCARD_BYTES
+        while left > 0:
+            part = environ["wsgi.input"].read(min(left, _CHUNK))
+            if not part:
+                break
+            left -= len(part)
+    except Exception:  # a client that stalls or breaks off: the connection is closed anyway
+        pass
+    finally:
+        if server_socket is not None:
+            server_socket.settimeout(None)

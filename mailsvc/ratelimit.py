@@ -34,13 +34,17 @@ class RateLimiter:
         """Requests per minute by route group, the account's own where it has one."""
         return {**self.defaults, **reads.get_rate_limits(account_id)}
 
-    def admit(self, store: Store, caller: Principal, group: str, per_minute: int, now: float) -> None:
+    def admit(
+        self, store: Store, caller: Principal, group: str, per_minute: int, now: float
+    ) -> None:
         """Take a token from the caller's bucket for ``group``, and note that its key was used,
         in one short write that need not wait for the disk.
 
         :raises RateLimited: the bucket is empty; ``retry_after`` says when it is not.
         """
-        stale = caller.last_used_at is None or caller.last_used_at < now - LAST_USED_PRECISION_SECONDS
+        stale = (
+            caller.last_used_at is None or caller.last_used_at < now - LAST_USED_PRECISION_SECONDS
+        )
 
         def take(tx):  # type: ignore[no-untyped-def]
             if stale:

@@ -66,9 +66,7 @@ UPDATE_TEMPLATE = Endpoint(
     writes=True,
 )
 DELETE_TEMPLATE = Endpoint(templates.delete_template, OTHER, writes=True)
-RENDER_TEMPLATE = Endpoint(
-    templates.render_template, OTHER, schema="render_template", writes=True
-)
+RENDER_TEMPLATE = Endpoint(templates.render_template, OTHER, schema="render_template", writes=True)
 
 CREATE_DOMAIN = Endpoint(
     domains.create_domain,

@@ -67,6 +67,14 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("bind", "127.0.0.1:8000", "Address gunicorn listens on (`-b` overrides it).", str),
     Setting("workers", 2, "gunicorn worker processes (`-w` overrides it).", _positive_int),
+    Setting(
+        "threads",
+        32,
+        "Request threads in each gunicorn worker (`--threads` overrides it). A client that "
+        "sends its request slowly holds one while it does; put nginx in front of an "
+        "internet-facing deployment (see Deploy).",
+        _positive_int,
+    ),
     Setting("database", "./var/mailsvc.sqlite3", "SQLite file: the store and the queue."),
     Setting(
         "sqlite_synchronous",

@@ -74,7 +74,9 @@ def _schema_folder() -> Traversable:
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:
-    return sorted(errors, key=lambda error: (len(error.absolute_path), field_path(error.absolute_path)))
+    return sorted(
+        errors, key=lambda error: (len(error.absolute_path), field_path(error.absolute_path))
+    )
 
 
 def _unique(messages: Iterable[str]) -> list[str]:

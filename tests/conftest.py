@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,21 @@ class Tenant:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
+
+
+@pytest.fixture
+def open_test_store(tmp_path: Path) -> Iterator[Callable[[], Store]]:
+    """Opens store objects on one fresh database, as separate processes would; shuts them down."""
+    opened: list[Store] = []
+
+    def open_one() -> Store:
+        store = SqliteStore(tmp_path / "contract.sqlite3")
+        opened.append(store)
+        return store
+
+    yield open_one
+    for store in opened:
+        store.shutdown()
 
 
 @pytest.fixture

@@ -24,6 +24,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def request(
+    port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """One HTTP request to 127.0.0.1:``port``: its status and its JSON body (or raw bytes)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        payload = json.dumps(body) if body is not None else None
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        connection.request(method, path, body=payload, headers=all_headers)
+        response = connection.getresponse()
+        data = response.read()
+        is_json = response.getheader("Content-Type", "").startswith("application/json")
+        return response.status, json.loads(data) if data and is_json else data
+    finally:
+        connection.close()
+
+
 class Gunicorn:
     """``gunicorn -c gunicorn.conf.py -w N -b 127.0.0.1:PORT`` with ``MAILSVC_*`` settings."""
 
@@ -111,20 +128,61 @@ class Gunicorn:
     def request(
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> tuple[int, Any]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            payload = json.dumps(body) if body is not None else None
-            all_headers = {"Content-Type": "application/json", **(headers or {})}
-            connection.request(method, path, body=payload, headers=all_headers)
-            response = connection.getresponse()
-            data = response.read()
-            is_json = response.getheader("Content-Type", "").startswith("application/json")
-            return response.status, json.loads(data) if data and is_json else data
-        finally:
-            connection.close()
+        return request(self.port, method, path, body, headers)
 
     def many(
         self, requests: list[tuple[str, str, Any, dict[str, str]]], concurrency: int = 20
     ) -> list[tuple[int, Any]]:
         with ThreadPoolExecutor(concurrency) as pool:
             return list(pool.map(lambda r: self.request(*r), requests))
+
+
+NGINX_CONF = ROOT / "mailsvc" / "deploy" / "nginx.conf"
+
+
+class Nginx:
+    """nginx from the machine's packages, running the repository's ``mailsvc/deploy/nginx.conf``
+    on a free port in front of ``upstream_port``, with every file in ``folder``."""
+
+    def __init__(self, upstream_port: int, folder: Path) -> None:
+        self.port = free_port()
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        # Run as root, nginx's workers would drop to an account that cannot reach pytest's
+        # private temporary folders: they keep the caller's account instead.
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        site = NGINX_CONF.read_text()
+        site = site.replace("server 127.0.0.1:8000;", f"server 127.0.0.1:{upstream_port};")
+        site = site.replace("listen 80;", f"listen 127.0.0.1:{self.port};")
+        (folder / "site.conf").write_text(site)
+        (folder / "nginx.conf").write_text(
+            f"{user}daemon off;\npid {folder}/nginx.pid;\nerror_log {folder}/error.log;\n"
+            f"worker_processes 1;\nevents {{ worker_connections 1024; }}\n"
+            f"http {{\n access_log off;\n client_body_temp_path {folder}/body;\n"
+            f" proxy_temp_path {folder}/proxy;\n fastcgi_temp_path {folder}/fastcgi;\n"
+            f" uwsgi_temp_path {folder}/uwsgi;\n scgi_temp_path {folder}/scgi;\n"
+            f" include {folder}/site.conf;\n}}\n"
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Nginx:
+        self.process = subprocess.Popen(
+            ["nginx", "-c", str(self.folder / "nginx.conf"), "-p", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError((self.folder / "error.log").read_text())
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("nginx did not start")
+
+    def stop(self) -> None:
+        assert self.process is not None
+        self.process.terminate()
+        self.process.wait(timeout=10)

@@ -200,9 +200,8 @@ def test_adding_a_domain_twice_is_409(dns_app):
 
 def test_sending_keys_cannot_manage_domains(dns_app):
     account_id, _ = new_account(dns_app)
-    sending = {
-        "Authorization": f"Bearer {operator.create_key(dns_app.store, account_id, 'sending')['key']}"
-    }
+    key = operator.create_key(dns_app.store, account_id, "sending")["key"]
+    sending = {"Authorization": f"Bearer {key}"}
     client = Client(dns_app)
     assert_error(client.post("/v1/domains", json={"name": "a.example"}, headers=sending), 403)
     assert_error(client.get("/v1/domains", headers=sending), 403)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-
 from .conftest import assert_error, count_by_status, email_body, make_tenant
 from .servers import Gunicorn
 

@@ -32,7 +32,9 @@ def create_api_key(
     reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
 ) -> Change:
     account_id, domain = principal.account_id, body["domain"]
-    if domain is not None and not any(d.account_id == account_id for d in reads.find_domains(domain)):
+    if domain is not None and not any(
+        d.account_id == account_id for d in reads.find_domains(domain)
+    ):
         raise ValidationFailed(f"domain: {domain} is not a domain of this account")
     issued, now = issue_key(), services.clock()
     key = ApiKey(

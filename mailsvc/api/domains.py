@@ -44,7 +44,11 @@ def create_domain(reads: Reads, principal: Principal, services: Services, *, bod
     does not have yet."""
     name, account_id = body, principal.account_id
     _refuse_if_mine(name, account_id, reads.find_domains(name))
-    key, token, now = new_signing_key(services.settings.dkim_key_bits), secrets.token_hex(16), services.clock()
+    key, token, now = (
+        new_signing_key(services.settings.dkim_key_bits),
+        secrets.token_hex(16),
+        services.clock(),
+    )
     domain = Domain(new_id("dom"), account_id, name, False, key, token, now)
 
     def create(tx: Writes) -> None:

@@ -172,7 +172,11 @@ def _render_template(
     if template is None:
         raise ValidationFailed(f"templateId: template {body.template_id} not found")
     rendered = render(
-        template.subject, template.html, template.text, body.variables or {}, services.template_limits
+        template.subject,
+        template.html,
+        template.text,
+        body.variables or {},
+        services.template_limits,
     )
     subject = rendered.subject if rendered.subject is not None else body.subject
     if any(character in subject for character in "\r\n\x00"):

@@ -101,7 +101,10 @@ def update_template(
     fields = {part: body.get(part) for part in _PARTS}
 
     def replace(tx: Writes) -> None:
-        if tx.update_template(principal.account_id, template_id, body["name"], now=now, **fields) is None:
+        if (
+            tx.update_template(principal.account_id, template_id, body["name"], now=now, **fields)
+            is None
+        ):
             raise NotFound(f"template {template_id}: not found")
 
     updated = Template(

@@ -24,10 +24,10 @@ from functools import partial
 
 from .. import statuses
 from ..ids import new_id
-from ..settings import Settings
 from ..mail.dkim import SigningKey, sign_message
-from ..store import EmailRecord, Store, Writes
 from ..mail.message import build_message
+from ..settings import Settings
+from ..store import EmailRecord, Store, Writes
 from .outcome import RetryPolicy, decide, recipient_outcome
 from .transport import RelayUrl, Transport, open_transport
 

@@ -97,7 +97,9 @@ def render(
         part cannot be rendered.
     """
     chars = WORKING_TEXT_FACTOR * limits.max_output_chars
-    budget = Budget(time.thread_time() + limits.render_cpu_ms / 1000, limits.render_cpu_ms, chars, chars)
+    budget = Budget(
+        time.thread_time() + limits.render_cpu_ms / 1000, limits.render_cpu_ms, chars, chars
+    )
     out: dict[str, str | None] = {}
     for part, source in (("subject", subject), ("html", html), ("text", text)):
         if source is None:
@@ -114,7 +116,11 @@ def render(
 
 
 def _render_part(
-    compiled: _Compiled, variables: dict[str, Any], part: str, budget: Budget, limits: TemplateLimits
+    compiled: _Compiled,
+    variables: dict[str, Any],
+    part: str,
+    budget: Budget,
+    limits: TemplateLimits,
 ) -> str:
     from .sandbox import run_with
 
@@ -139,7 +145,9 @@ def _render_part(
     except RecursionError:
         raise ValidationFailed(f"{part}: the template recurses too deeply") from None
     except Exception as exc:  # the template's own doing (a type error, the sandbox): a 400
-        raise ValidationFailed(f"{part}: the template could not be rendered: {_said(exc)}") from None
+        raise ValidationFailed(
+            f"{part}: the template could not be rendered: {_said(exc)}"
+        ) from None
 
 
 # -- compiling, and the cache -----------------------------------------------------------------
@@ -206,6 +214,13 @@ def _compiled(html: bool, source: str, part: str, limits: TemplateLimits) -> _Co
             raise ValidationFailed(
                 f"{part}: the template is too complex ({count} nodes; at most {MAX_NODES})"
             )
+        if next(
+            tree.find_all((nodes.Include, nodes.Extends, nodes.Import, nodes.FromImport)), None
+        ):
+            raise ValidationFailed(
+                f"{part}: the template cannot be compiled: include, extends and import are not "
+                f"available (a template stands alone)"
+            )
         required = _required_paths(tree)
         from .sandbox import guard
 
@@ -221,9 +236,7 @@ def _compiled(html: bool, source: str, part: str, limits: TemplateLimits) -> _Co
     except SyntaxError as exc:  # Python's compiler on what Jinja generated ("too many nested")
         raise ValidationFailed(f"{part}: the template cannot be compiled: {exc.msg}") from None
     except Exception as exc:
-        raise ValidationFailed(
-            f"{part}: the template cannot be compiled: {_said(exc)}"
-        ) from None
+        raise ValidationFailed(f"{part}: the template cannot be compiled: {_said(exc)}") from None
     # A compiled template keeps about twice its source, and about 200 bytes a node (measured
     # with tracemalloc on Jinja 3.1).
     entry = _Compiled(template, required, 2 * len(source) + 200 * count)
@@ -258,6 +271,8 @@ def _required_paths(tree: nodes.Template) -> tuple[tuple[str, ...], ...]:
     from jinja2 import meta, nodes
 
     from_request = meta.find_undeclared_variables(tree)
+    # ``d.items()`` calls a method of ``d``: ``d`` is needed, not a variable ``d.items``.
+    called = {id(call.node) for call in tree.find_all(nodes.Call)}
     optional: set[int] = set()
     for guard in tree.find_all((nodes.Test, nodes.Filter)):
         if guard.name in _OPTIONAL_TESTS or guard.name in _OPTIONAL_FILTERS:
@@ -265,7 +280,7 @@ def _required_paths(tree: nodes.Template) -> tuple[tuple[str, ...], ...]:
     paths = set()
     for lookup in tree.find_all((nodes.Name, nodes.Getattr, nodes.Getitem)):
         path = _path(lookup)
-        if path and path[0] in from_request and id(lookup) not in optional:
+        if path and path[0] in from_request and id(lookup) not in optional | called:
             paths.add(path)
     return tuple(sorted(paths, key=lambda path: (len(path), path)))
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import operator
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,8 @@ from jinja2.visitor import NodeTransformer
 
 #: The largest integer a template may make, in bits (about 1,200 decimal digits).
 MAX_INT_BITS = 4096
+#: A render gives up the GIL after this much of its own CPU time.
+YIELD_EVERY_SECONDS = 0.001
 #: A reference in a list or mapping, as charged against the budget.
 _REFERENCE = 8
 _PRINTF = re.compile(r"%[#0\- +]*(\*|\d+)?(?:\.(\*|\d+))?")
@@ -72,13 +74,21 @@ class Budget:
     cpu_limit_ms: int
     chars_left: int
     chars_limit: int
+    next_yield: float = 0.0
 
     def tick(self) -> None:
-        if time.thread_time() > self.cpu_deadline:
+        now = time.thread_time()
+        if now > self.cpu_deadline:
             raise RenderLimit(
                 f"the template used more than {self.cpu_limit_ms} ms of CPU "
                 f"(MAILSVC_TEMPLATE_RENDER_CPU_MS)"
             )
+        if now > self.next_yield:
+            # Let the process's other threads have the GIL: each of their SQLite calls gives it
+            # up and must get it back, and would otherwise wait for the switch interval (5 ms)
+            # every time, so one busy render would slow every other request of its worker.
+            self.next_yield = now + YIELD_EVERY_SECONDS
+            time.sleep(0)
 
     def charge(self, size: int) -> None:
         self.chars_left -= size
@@ -271,7 +281,9 @@ _OPERATORS: dict[str, Callable[[Any, Any, Budget], Any]] = {
 # -- filters -----------------------------------------------------------------------------------
 
 
-def _filter_sizes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], current: Budget) -> None:
+def _filter_sizes(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], current: Budget
+) -> None:
     """Refuse, before it runs, a filter call whose result could outgrow the budget."""
     value = args[0] if args else None
     rest = list(args[1:])
@@ -289,10 +301,12 @@ def _filter_sizes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], curr
     elif name == "wordwrap":
         wrap = argument(3, "wrapstring", None) or "\n"
         width = max(_whole(argument(0, "width", 79)), 1)
-        current.afford(text + (text // width + 1) * len(printable(wrap)))
+        current.afford(text + (text // width + 1) * len(str(printable(wrap))))
     elif name == "replace":
         old, new = str(printable(argument(0, "old", ""))), str(printable(argument(1, "new", "")))
-        current.afford(text + (text + 1) * len(new) if not old else text // len(old) * len(new) + text)
+        current.afford(
+            text + (text + 1) * len(new) if not old else text // len(old) * len(new) + text
+        )
     elif name == "join":
         items = list(value) if isinstance(value, Iterable) else []
         printable(items)
@@ -304,7 +318,7 @@ def _filter_sizes(name: str, args: tuple[Any, ...], kwargs: dict[str, Any], curr
         printable(kwargs)
     elif name in ("batch", "slice"):
         size = _whole(argument(0, "linecount" if name == "batch" else "slices", 1))
-        length = len(value) if hasattr(value, "__len__") else 0
+        length = len(value) if isinstance(value, Sized) else 0
         if size > max(length, 1):
             raise RenderLimit(f"{name}(): at most as many as the items it is given")
     elif name == "sum" and not isinstance(argument(1, "start", 0), int | float):
@@ -329,7 +343,11 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
     def bounded(*args: Any, **kwargs: Any) -> Any:
         current = budget()
         current.tick()
-        if name == "join" and len(args) > passed and not isinstance(args[passed], str | list | tuple):
+        if (
+            name == "join"
+            and len(args) > passed
+            and not isinstance(args[passed], str | list | tuple)
+        ):
             args = (*args[:passed], list(args[passed]), *args[passed + 1 :])  # counted once
         _filter_sizes(name, args[passed:], kwargs, current)
         result = function(*args, **kwargs)
@@ -353,7 +371,7 @@ class _Guards(NodeTransformer):
 
     def visit_For(self, node: nodes.For) -> nodes.For:
         self.generic_visit(node)
-        node.iter = self._call("guarded_iter", [node.iter], node.lineno)
+        node.iter = self._call("guarded_iter", [node.iter], node.lineno)  # type: ignore[list-item]
         return node
 
     def visit_Concat(self, node: nodes.Concat) -> nodes.Call:
@@ -365,7 +383,7 @@ class _Guards(NodeTransformer):
         if not isinstance(node.arg, nodes.Slice):
             return node
         bound = node.arg
-        parts = [
+        parts: list[nodes.Expr] = [
             part if part is not None else nodes.Const(None, lineno=node.lineno)
             for part in (bound.start, bound.stop, bound.step)
         ]
@@ -416,6 +434,12 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         budget().tick()
         return operator.neg(arg) if operator_name == "-" else operator.pos(arg)
 
+    def wrap_str_format(self, value: Any) -> None:
+        """``str.format`` is not offered (its widths allocate before anything can count them):
+        it is refused like any other attribute not allowed; the ``format`` filter, which is
+        bounded, does the same job."""
+        return None
+
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         if isinstance(obj, str):
             return attr in _STR_METHODS
@@ -431,4 +455,3 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         result = super().call(__context, __obj, *args, **kwargs)
         current.charge(_size(result))
         return result
-

@@ -63,10 +63,7 @@ class AccountVerbs:
         # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The
         # refill, the take and the answer are one upsert: every SET sees the row as it was.
         least, greatest = self.dialect.least, self.dialect.greatest
-        refill = (
-            f"{least}(?, rate_buckets.tokens + "
-            f"{greatest}(0, ? - rate_buckets.updated_at) * ?)"
-        )
+        refill = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
         capacity, rate = float(per_minute), per_minute / 60.0
         row = self.connection.execute(
             f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at, taken) "

@@ -360,4 +360,3 @@ class _EachRead:
                 return getattr(view, name)(*args, **kwargs)
 
         return call
-

@@ -123,7 +123,12 @@ class DomainVerbs:
             row = self.connection.execute(
                 f"UPDATE domains SET checked_at = ?, check_results = ?, "
                 f"verified_at = coalesce(verified_at, ?) WHERE id = ? RETURNING {_COLUMNS}",
-                (now, self.dialect.json_param(json.dumps(checks)), now if verified else None, domain_id),
+                (
+                    now,
+                    self.dialect.json_param(json.dumps(checks)),
+                    now if verified else None,
+                    domain_id,
+                ),
             ).fetchone()
         return self._domain(row) if row else None
 

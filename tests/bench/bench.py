@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailsvc import operator
-from mailsvc.mail.message import build_message
 from mailsvc.ids import new_id
 from mailsvc.mail.dkim import sign_message
+from mailsvc.mail.message import build_message
 from mailsvc.store import Database, NewEmail
 
 from ..servers import Gunicorn, free_port

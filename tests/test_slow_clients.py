@@ -1,0 +1,138 @@
+"""Slow and idle clients do not starve the service: the bare gunicorn deployment has threads to
+spare for a dozen of each, and the shipped nginx configuration reads requests whole before
+gunicorn sees them (and answers its own errors in the service's JSON format)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from .conftest import VERIFIED, email_body
+from .servers import Gunicorn, Nginx, request
+
+pytestmark = pytest.mark.slow
+
+needs_nginx = pytest.mark.skipif(
+    shutil.which("nginx") is None, reason="nginx is not installed (CI installs nginx-light)"
+)
+
+
+@contextmanager
+def hostile_clients(port: int, slow: int, idle: int) -> Iterator[None]:
+    """``slow`` connections sending their headers a byte every 0.3 s, ``idle`` ones that send
+    nothing, for as long as the block runs."""
+    stop = threading.Event()
+    opened: list[socket.socket] = []
+
+    def trickle(connection: socket.socket) -> None:
+        headers = b"GET /v1/account HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 300 + b"\r\n\r\n"
+        for byte in headers:
+            if stop.wait(0.3):
+                return
+            try:
+                connection.send(bytes([byte]))
+            except OSError:
+                return
+
+    threads = []
+    for number in range(slow + idle):
+        connection = socket.create_connection(("127.0.0.1", port))
+        opened.append(connection)
+        if number < slow:
+            threads.append(threading.Thread(target=trickle, args=(connection,), daemon=True))
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # every hostile connection is in before the normal requests come
+    try:
+        yield
+    finally:
+        stop.set()
+        for connection in opened:
+            connection.close()
+
+
+def timed(port: int, *args, **kwargs) -> tuple[float, int, object]:
+    started = time.monotonic()
+    status, body = request(port, *args, **kwargs)
+    return time.monotonic() - started, status, body
+
+
+def test_a_dozen_slow_and_a_dozen_idle_clients_leave_the_bare_deployment_answering(
+    served_tenant,
+):
+    path, _, _, headers = served_tenant
+    server = Gunicorn({"MAILSVC_DATABASE": path}, workers=2).start()
+    try:
+        with hostile_clients(server.port, slow=12, idle=12):
+            answers = [timed(server.port, "GET", "/v1/account", headers=headers) for _ in range(10)]
+            answers += [
+                timed(server.port, "POST", "/v1/emails", email_body(), headers) for _ in range(5)
+            ]
+    finally:
+        server.stop()
+    assert [status for _, status, _ in answers] == [200] * 15
+    assert max(seconds for seconds, _, _ in answers) < 2.0, answers
+
+
+@needs_nginx
+def test_behind_nginx_slow_clients_never_reach_gunicorn(served_tenant, tmp_path):
+    path, _, _, headers = served_tenant
+    # Two threads in all: without nginx, two slow clients would stop everything.
+    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_THREADS": "1"}, workers=2).start()
+    try:
+        proxy = Nginx(server.port, tmp_path / "nginx").start()
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        with hostile_clients(proxy.port, slow=40, idle=40):
+            answers = [timed(proxy.port, "GET", "/v1/account", headers=headers) for _ in range(10)]
+            answers += [
+                timed(proxy.port, "POST", "/v1/emails", email_body(), headers) for _ in range(5)
+            ]
+    finally:
+        proxy.stop()
+        server.stop()
+    assert [status for _, status, _ in answers] == [200] * 15, answers
+    assert answers[-1][2]["status"] == "queued"
+    assert max(seconds for seconds, _, _ in answers) < 2.0, answers
+
+
+@needs_nginx
+def test_nginx_answers_its_own_errors_in_the_json_format(served_tenant, tmp_path):
+    path, _, _, headers = served_tenant
+    server = Gunicorn({"MAILSVC_DATABASE": path}, workers=1).start()
+    try:
+        proxy = Nginx(server.port, tmp_path / "nginx").start()
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        big = email_body(text="x" * 2_000_000)
+        too_large = request(proxy.port, "POST", "/v1/emails", big, headers)
+        from_mailsvc = request(proxy.port, "POST", "/v1/emails", {"from": 1}, headers)
+        with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
+            raw.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            malformed = raw.recv(4096).decode()
+    finally:
+        server.stop()
+    down = request(proxy.port, "GET", "/v1/account", headers=headers)  # gunicorn is gone
+    proxy.stop()
+    assert too_large == (
+        413,
+        {
+            "statusCode": 413,
+            "message": "body: larger than 1048576 bytes",
+            "error": "Request Entity Too Large",
+        },
+    )
+    assert from_mailsvc[0] == 400 and "from: must be a string" in from_mailsvc[1]["message"]
+    assert malformed.startswith("HTTP/1.1 400") and '"statusCode": 400' in malformed
+    assert down[0] == 503 and down[1]["statusCode"] == 503
+    assert VERIFIED  # the tenant's domain is what email_body() sends from
