@@ -72,3 +72,18 @@ def test_jobs_that_wait_while_one_commits_share_one_transaction(db):
     with sqlite3.connect(db.path) as check:
         values = {row[0] for row in check.execute("SELECT value FROM scratch")}
     assert values == {"kept", "kept too"}
+
+
+def test_writes_and_reads_reuse_their_connections(db):
+    def open_files() -> int:
+        return len(list(Path("/proc/self/fd").iterdir()))
+
+    db.write(lambda tx: tx.get_account("acc_none"))
+    with db.read() as view:
+        view.get_account("acc_none")
+    before = open_files()
+    for _ in range(200):
+        db.write(lambda tx: tx.get_account("acc_none"))
+        with db.read() as view:
+            view.get_account("acc_none")
+    assert open_files() <= before + 2

@@ -74,7 +74,8 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._idle: list[sqlite3.Connection] = []
-        self._writing: tuple[sqlite3.Connection, int] | None = None  # the writer thread's
+        #: The writer thread's connection, its lock file, and the process that opened them.
+        self._writing: tuple[sqlite3.Connection, int, int] | None = None
         self._writer = Writer(self._transaction, self._close_writing)
 
     @contextmanager
@@ -109,7 +110,7 @@ class SqliteStore:
     def _reader(self) -> sqlite3.Connection:
         with self._lock:
             if self._pid != os.getpid():  # a new process: nothing of the parent's is used
-                self._pid, self._idle, self._writing = os.getpid(), [], None
+                self._pid, self._idle = os.getpid(), []
             if self._idle:
                 return self._idle.pop()
         connection = self._open()
@@ -126,9 +127,10 @@ class SqliteStore:
     @contextmanager
     def _transaction(self, durable: bool) -> Iterator[SqlVerbs]:
         """A write transaction on the writer thread's connection, under the file lock."""
-        if self._writing is None or self._writing[1] != os.getpid():
-            self._writing = (self._open(), os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT))
-        connection, lock_fd = self._writing
+        if self._writing is None or self._writing[2] != os.getpid():
+            lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT)
+            self._writing = (self._open(), lock_fd, os.getpid())
+        connection, lock_fd, _ = self._writing
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if not durable:
             connection.execute("PRAGMA synchronous = NORMAL")
@@ -147,9 +149,10 @@ class SqliteStore:
 
     def _close_writing(self) -> None:
         if self._writing is not None:
-            connection, lock_fd = self._writing
-            connection.close()
-            os.close(lock_fd)
+            connection, lock_fd, pid = self._writing
+            if pid == os.getpid():
+                connection.close()
+                os.close(lock_fd)
             self._writing = None
 
     def _open(self) -> sqlite3.Connection:
