@@ -208,7 +208,9 @@ def test_without_a_relay_mail_goes_to_the_maildir(app, config):
     app.start()
     email_id = post(client, tenant, to=["a@example.org", "b@example.org"])
     shown = wait_status(client, tenant, email_id, "sent")
-    assert "Maildir" in shown["recipients"][0]["reply"]
+    reply = shown["recipients"][0]["reply"]
+    assert reply == "2.0.0 delivered to the local outbox (Maildir)"
+    assert config["outbox"] not in reply and "/" not in reply  # no path of the server's
     [message] = list(mailbox.Maildir(config["outbox"]))
     assert message["Message-ID"] == f"<{email_id}@{VERIFIED}>"
     assert message.get_all("Delivered-To") == ["a@example.org", "b@example.org"]
