@@ -265,7 +265,9 @@ class MaildirOutbox:
             # The reply is shown to the tenant: it names no path of the server's; the log does.
             log.error("Maildir %s: %s", self.path, exc)
             reason = exc.strerror or type(exc).__name__
-            return [Reply(None, f"the local outbox could not be written: {reason}")] * len(recipients)
+            return [Reply(None, f"the local outbox could not be written: {reason}")] * len(
+                recipients
+            )
         return [Reply(250, "2.0.0 delivered to the local outbox (Maildir)")] * len(recipients)
 
     def close(self) -> None:

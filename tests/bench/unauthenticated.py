@@ -49,7 +49,9 @@ def _app(folder: str) -> Any:
 def _batch(client: Any, kind: tuple[str, str, bytes], count: int, headers: dict[str, str]) -> None:
     method, path, body = kind
     for _ in range(count):
-        client.open(path, method=method, data=body, content_type="application/json", headers=headers)
+        client.open(
+            path, method=method, data=body, content_type="application/json", headers=headers
+        )
 
 
 def _measure_kind(name: str, count: int, rounds: int, folder: str, out: Any) -> None:
@@ -92,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0)
     options = parser.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="mailsvc-unauth-")
-    rows = [("authenticated GET /v1/account", _measure_authenticated(options.requests, options.rounds, folder))]
+    rows = [
+        (
+            "authenticated GET /v1/account",
+            _measure_authenticated(options.requests, options.rounds, folder),
+        )
+    ]
     context = multiprocessing.get_context("fork")
     for name in KINDS:
         queue = context.Queue()
@@ -109,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((name, queue.get()))
     print(f"CPU per request, ms (median of {options.rounds} rounds of {options.requests})")
     for name, spent in rows:
-        shown = f"{statistics.median(spent) * 1000:8.3f}" if spent else f"> {options.timeout:.0f} s in all"
+        shown = (
+            f"{statistics.median(spent) * 1000:8.3f}"
+            if spent
+            else f"> {options.timeout:.0f} s in all"
+        )
         print(f"  {name:36} {shown}")
     return 0
 
