@@ -52,7 +52,9 @@ class MailService:
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock
-        self.store: Store = open_store(settings.database, settings.sqlite_synchronous)
+        self.store: Store = open_store(
+            settings.database, settings.sqlite_synchronous, settings.postgres_pool_size
+        )
         self.schemas = Schemas()
         self.services = build_services(settings, clock, self.store)
         self.delivery = DeliveryPool(self.store, settings, clock)

@@ -16,7 +16,7 @@ from typing import Any
 from . import operator
 from .services import build_services
 from .settings import SettingsError, load_settings
-from .store import Store, open_store
+from .store import Store, StoreUnavailable, open_store
 
 Action = Callable[[Store, argparse.Namespace], dict[str, Any]]
 
@@ -116,11 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        store = open_store(settings.database, settings.sqlite_synchronous)
+        store = open_store(
+            settings.database, settings.sqlite_synchronous, settings.postgres_pool_size
+        )
         arguments.key_bits = settings.dkim_key_bits
         arguments.services = build_services(settings, time.time, store)
         result = arguments.action(store, arguments)
-    except (operator.OperatorError, SettingsError) as exc:
+    except (operator.OperatorError, SettingsError, StoreUnavailable) as exc:
         print(f"mailsvc: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result))

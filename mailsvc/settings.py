@@ -75,7 +75,18 @@ SETTINGS: tuple[Setting, ...] = (
         "internet-facing deployment (see Deploy).",
         _positive_int,
     ),
-    Setting("database", "./var/mailsvc.sqlite3", "SQLite file: the store and the queue."),
+    Setting(
+        "database",
+        "./var/mailsvc.sqlite3",
+        "The store and the queue: an SQLite file, or `postgresql://user:password@host:5432/db` "
+        "for several hosts on one PostgreSQL (see Past one machine).",
+    ),
+    Setting(
+        "postgres_pool_size",
+        10,
+        "PostgreSQL connections each worker process keeps at most.",
+        _positive_int,
+    ),
     Setting(
         "sqlite_synchronous",
         "FULL",

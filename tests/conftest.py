@@ -1,8 +1,16 @@
-"""Fixtures: the real app on a temporary SQLite file, a moving clock, accounts, and an SMTP sink."""
+"""Fixtures: the real app on a real store, a moving clock, accounts, and an SMTP sink.
+
+Every test that uses the store runs twice: on a temporary SQLite file, and on PostgreSQL (the
+server at ``MAILSVC_TEST_POSTGRES_URL``, by default the machine's on 127.0.0.1:5432), in a
+schema of its own in a database this test run creates and drops. Where no PostgreSQL can be
+reached, its half is skipped with the reason, unless ``CI`` is set: then it fails. A test that
+is about SQLite itself is marked ``sqlite_only``.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -10,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from werkzeug.http import HTTP_STATUS_CODES
@@ -17,11 +26,21 @@ from werkzeug.test import Client
 
 from mailsvc import create_app, operator
 from mailsvc.app import MailService
-from mailsvc.store import SqliteStore, Store
+from mailsvc.store import Store, open_store
 
 from .smtp_sink import SmtpSink
 
 VERIFIED = "verified.test"
+POSTGRES_URL = os.environ.get(
+    "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+BACKENDS = ("sqlite", "postgresql")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        only = metafunc.definition.get_closest_marker("sqlite_only")
+        metafunc.parametrize("backend", ("sqlite",) if only else BACKENDS, scope="function")
 
 
 class Clock:
@@ -48,13 +67,48 @@ class Tenant:
         return {"Authorization": f"Bearer {self.key}"}
 
 
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """The URL of a database of this test run's own, dropped when the run ends."""
+    import psycopg
+
+    try:
+        admin = psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        reason = f"no PostgreSQL at {POSTGRES_URL} ({str(exc).strip().splitlines()[0]})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI must test both backends")
+        pytest.skip(reason)
+    name = f"mailsvc_test_{os.getpid()}_{secrets.token_hex(4)}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(urlsplit(POSTGRES_URL)._replace(path=f"/{name}"))
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+
+
 @pytest.fixture
-def open_test_store(tmp_path: Path) -> Iterator[Callable[[], Store]]:
+def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """``MAILSVC_DATABASE`` for this test: an SQLite file, or a fresh PostgreSQL schema."""
+    if backend == "sqlite":
+        return str(tmp_path / "mailsvc.sqlite3")
+    import psycopg
+
+    url = request.getfixturevalue("postgres_database")
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    return f"{url}?options={quote(f'-c search_path={schema}')}"
+
+
+@pytest.fixture
+def open_test_store(database: str) -> Iterator[Callable[[], Store]]:
     """Opens store objects on one fresh database, as separate processes would; shuts them down."""
     opened: list[Store] = []
 
     def open_one() -> Store:
-        store = SqliteStore(tmp_path / "contract.sqlite3")
+        store = open_store(database)
         opened.append(store)
         return store
 
@@ -69,10 +123,10 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> dict[str, Any]:
+def config(tmp_path: Path, database: str) -> dict[str, Any]:
     """Settings of the app under test; a test may change them before using ``app``."""
     return {
-        "database": str(tmp_path / "mailsvc.sqlite3"),
+        "database": database,
         "outbox": str(tmp_path / "outbox"),
         "delivery_threads": 2,
         "poll_seconds": 0.2,
@@ -109,15 +163,45 @@ def tenant(app: MailService) -> Tenant:
 
 
 @pytest.fixture
-def served_tenant(tmp_path: Path) -> tuple[str, Store, str, dict[str, str]]:
-    """A database file with an account for a server process: path, store, account, headers."""
-    path = str(tmp_path / "served.sqlite3")
-    db = SqliteStore(path)
+def served_tenant(database: str) -> Iterator[tuple[str, Store, str, dict[str, str]]]:
+    """A store with an account, for server processes: its URL or path, the store, the account,
+    and the headers of a key."""
+    db = open_store(database)
     account = operator.create_account(db, "Load", 100_000)
     key = operator.create_key(db, account["id"])
     operator.add_domain(db, account["id"], VERIFIED, verified=True)
     operator.set_limit(db, account["id"], "send", 100_000)
-    return path, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
+    yield database, db, account["id"], {"Authorization": f"Bearer {key['key']}"}
+    db.shutdown()
+
+
+def stored_bytes(database: str) -> bytes:
+    """Everything the store holds, as bytes, to look for what must not be there: the SQLite
+    files (with the write-ahead log), or every row of the PostgreSQL schema as JSON text."""
+    if not database.startswith("postgresql://"):
+        found = b""
+        for suffix in ("", "-wal"):  # the log may be checkpointed away meanwhile: then it is in
+            try:
+                found += Path(database + suffix).read_bytes()
+            except FileNotFoundError:
+                pass
+        return found
+    import psycopg
+
+    with psycopg.connect(database, autocommit=True) as connection:
+        tables = [
+            row[0]
+            for row in connection.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+            )
+        ]
+        rows = [
+            row[0]
+            for table in tables
+            for row in connection.execute(f"SELECT row_to_json(t)::text FROM {table} t")
+        ]
+    return "\n".join(rows).encode()
 
 
 def count_by_status(store: Store) -> dict[str, int]:

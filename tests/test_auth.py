@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
 from mailsvc import operator
 
-from .conftest import assert_error, email_body
+from .conftest import assert_error, email_body, stored_bytes
 
 
 @pytest.mark.parametrize(
@@ -60,12 +58,10 @@ def test_keys_are_random_and_stored_only_as_a_hash(app, tenant, config):
     assert other != tenant.key
     secret = tenant.key.rsplit("_", 1)[1]
     assert len(secret) * 5 >= 256  # base32: 5 bits a character
-    with open(config["database"], "rb") as raw:
-        assert secret.encode() not in raw.read()
-    with sqlite3.connect(config["database"]) as db:
-        stored = db.execute(
-            "SELECT secret_hash FROM api_keys WHERE id = ?", (tenant.key_id,)
-        ).fetchone()[0]
+    app.stop()
+    everything = stored_bytes(config["database"])
+    assert secret.encode() not in everything and tenant.key_id.encode() in everything
+    stored = app.store.reads.get_api_key(tenant.key_id).secret_hash
     assert len(stored) == 32 and secret.encode() not in stored
 
 

@@ -16,8 +16,8 @@ from .conftest import email_body, run_cli
 
 
 @pytest.fixture
-def cli(tmp_path):
-    env = {"MAILSVC_DATABASE": str(tmp_path / "cli.sqlite3")}
+def cli(database):
+    env = {"MAILSVC_DATABASE": database}
 
     def run(*args, ok=True):
         result = run_cli(env, *args)

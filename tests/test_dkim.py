@@ -55,8 +55,8 @@ def test_each_domain_has_its_own_rsa_2048_key(app):
     assert key.key_size == 2048
 
 
-def test_cli_shows_the_record_to_publish(tmp_path):
-    env = {"MAILSVC_DATABASE": str(tmp_path / "db.sqlite3")}
+def test_cli_shows_the_record_to_publish(database):
+    env = {"MAILSVC_DATABASE": database}
 
     def cli(*args):
         result = run_cli(env, *args)

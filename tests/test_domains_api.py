@@ -231,9 +231,9 @@ def test_add_publish_verify_send_and_the_signature_verifies(dns_app, dns_server,
     assert record(domain, "dkim")["name"] in dns_server.queries
 
 
-def test_cli_verifies_through_dns(tmp_path, dns_server):
+def test_cli_verifies_through_dns(database, dns_server):
     env = {
-        "MAILSVC_DATABASE": str(tmp_path / "db.sqlite3"),
+        "MAILSVC_DATABASE": database,
         "MAILSVC_DNS_SERVERS": dns_server.address,
         "MAILSVC_DNS_TIMEOUT_SECONDS": "0.5",
     }

@@ -8,7 +8,6 @@ import io
 import json
 import threading
 import time
-from pathlib import Path
 
 from werkzeug.routing import Map, Rule
 from werkzeug.test import Client
@@ -19,7 +18,7 @@ from mailsvc.errors import ValidationFailed
 from mailsvc.ratelimit import OTHER
 from mailsvc.routes import URL_MAP, Endpoint
 
-from .conftest import assert_error, email_body, make_tenant
+from .conftest import assert_error, email_body, make_tenant, stored_bytes
 
 SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 CONSTANT_BOMB = "{{ (7**(10**8)) % 10 }}"
@@ -172,9 +171,7 @@ def test_an_api_key_secret_is_never_stored_and_never_replayed(client, tenant, ap
     client.delete(f"/v1/api-keys/{created['id']}", headers=tenant.headers)
     after_revoke = client.post("/v1/api-keys", json=body, headers=headers)
     assert after_revoke.get_json()["key"] is None
-    app.stop()  # everything on disk: the database and its write-ahead log
-    stored = b"".join(
-        path.read_bytes() for path in Path(config["database"]).parent.glob("*.sqlite3*")
-    )
+    app.stop()  # everything on disk (for SQLite, the database and its write-ahead log)
+    stored = stored_bytes(config["database"])
     assert secret.encode() not in stored
     assert created["id"].encode() in stored  # the check looks where the key is

@@ -12,6 +12,8 @@ import pytest
 
 from mailsvc.store import SqliteStore
 
+pytestmark = pytest.mark.sqlite_only  # the SQLite backend's own writer thread
+
 
 @pytest.fixture
 def db(tmp_path: Path):

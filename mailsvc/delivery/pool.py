@@ -8,6 +8,8 @@ claimer at once through a condition; it also looks every ``poll_seconds`` for ma
 processes queued, that is due for a retry, or whose lease ran out because its process died.
 A keeper thread renews the leases this process holds every third of a lease, so a slow SMTP
 transaction never outlasts its lease and is taken over, and sent again, by another process.
+Where the store announces new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the
+claimer the moment another host queues some; polling stays for retries and lost notices.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class DeliveryPool:
         self._held: set[int] = set()  # seqs of the emails this process holds leases on
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
-        self._keeper: threading.Thread | None = None
+        #: The lease keeper, and the listener where the store announces mail.
+        self._helpers: list[threading.Thread] = []
         self._handoff: queue.SimpleQueue[tuple[EmailRecord, SigningKey | None] | None]
         self._handoff = queue.SimpleQueue()
 
@@ -89,10 +92,16 @@ class DeliveryPool:
             for n in range(self.settings.delivery_threads)
         ]
         self._threads = [claimer, *senders]
-        self._keeper = threading.Thread(
-            target=self._keep_leases_loop, name="mailsvc-lease-keeper", daemon=True
-        )
-        for thread in [*self._threads, self._keeper]:
+        self._helpers = [
+            threading.Thread(
+                target=self._keep_leases_loop, name="mailsvc-lease-keeper", daemon=True
+            )
+        ]
+        if self.store.announces_mail:
+            self._helpers.append(
+                threading.Thread(target=self._listen_loop, name="mailsvc-listener", daemon=True)
+            )
+        for thread in [*self._threads, *self._helpers]:
             thread.start()
 
     def wake(self) -> None:
@@ -123,9 +132,9 @@ class DeliveryPool:
             for sender in senders:
                 sender.join(left())
         self._stopped.set()
-        if self._keeper is not None:
-            self._keeper.join(left() if graceful else 0)
-        self._threads, self._keeper = [], None
+        for helper in self._helpers:
+            helper.join(left() if graceful else 0)
+        self._threads, self._helpers = [], []
 
     def _claim_loop(self) -> None:
         """Claim as many due emails as there are idle senders, in one job, and hand them over;
@@ -197,6 +206,13 @@ class DeliveryPool:
                         self._held.discard(email.seq)
         finally:
             transport.close()
+
+    def _listen_loop(self) -> None:
+        """Wake the claimer as soon as any process or host announces new mail."""
+        stopped = self._stopped  # this run's, not a later one's
+        while not stopped.is_set():
+            if self.store.wait_for_mail(self.settings.poll_seconds):
+                self.wake()
 
     def _keep_leases_loop(self) -> None:
         """Every third of a lease, extend the leases this process holds by a whole lease."""

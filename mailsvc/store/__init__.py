@@ -29,9 +29,23 @@ from .records import (
 )
 from .sqlite import SqliteStore
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-def open_store(database: str, sqlite_synchronous: str = "FULL") -> Store:
-    """The store ``database`` names: a path for SQLite. Opens nothing until it is used."""
+
+def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> Store:
+    """The store ``database`` names: a ``postgresql://`` (or ``postgres://``) URL, or a path for
+    SQLite. Opens nothing until it is used.
+
+    :raises StoreUnavailable: a PostgreSQL URL that does not parse, or psycopg is missing.
+    """
+    if database.startswith(POSTGRES_SCHEMES):
+        try:
+            from .postgres import PostgresStore
+        except ImportError:
+            raise StoreUnavailable(
+                "MAILSVC_DATABASE: PostgreSQL needs psycopg; pip install 'mailsvc[postgresql]'"
+            ) from None
+        return PostgresStore(database, pool_size)
     return SqliteStore(database, sqlite_synchronous)
 
 

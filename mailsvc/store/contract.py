@@ -312,6 +312,8 @@ class Store(Protocol):
 
     #: ``"sqlite"`` or ``"postgresql"``.
     backend: str
+    #: Whether :meth:`wait_for_mail` hears of mail queued elsewhere (else delivery polls).
+    announces_mail: bool
 
     def read(self) -> AbstractContextManager[Reads]:
         """A read transaction: one consistent snapshot of committed data."""
@@ -328,7 +330,8 @@ class Store(Protocol):
         nothing it wrote stands).
 
         ``job`` must be short store work: no rendering, no key generation, no network, no
-        encoding of answers. On SQLite it runs under the database's one write lock.
+        encoding of answers. On SQLite it runs under the database's one write lock. On
+        PostgreSQL it may run again after a deadlock, so it must have no other effect.
 
         :param durable: the commit is on disk before this returns. When False it may be lost
             with the power (not with the process): for rate-limit tokens, claims and leases.

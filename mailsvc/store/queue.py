@@ -48,6 +48,8 @@ class QueueVerbs(HistoryVerbs):
             ],
         )
         self.add_event(seq, email.created_at, statuses.QUEUED)
+        if self.dialect.announce_mail:
+            self.connection.execute(self.dialect.announce_mail)
         return seq
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:

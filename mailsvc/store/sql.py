@@ -44,6 +44,9 @@ class Dialect:
     #: column, and such a column's value read back as Python data.
     json_param: Callable[[str], Any]
     from_json: Callable[[Any], Any]
+    #: A statement that tells other processes, when the transaction commits, that mail was
+    #: queued (PostgreSQL's NOTIFY); None where they find it by polling.
+    announce_mail: str | None = None
 
 
 def marks(count: int) -> str:

@@ -66,6 +66,7 @@ class SqliteStore:
     """
 
     backend = "sqlite"
+    announces_mail = False
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         self.path = Path(path)

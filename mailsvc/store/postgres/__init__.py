@@ -1,0 +1,247 @@
+"""The store on PostgreSQL: several mailsvc hosts, each with its gunicorn workers and delivery
+threads, on one database.
+
+Each process opens its own pool of connections (``psycopg_pool``) the first time it uses the
+store, never before ``fork()``. A read is one ``REPEATABLE READ, READ ONLY`` transaction: one
+snapshot, never blocked by a writer. A write is one ``READ COMMITTED`` transaction per job; no
+lock is taken beyond the rows a verb touches, because each verb is atomic on its own (see
+:mod:`..contract`). A job that meets a deadlock or a serialization failure is rolled back and run
+again, so a job must do nothing but store work. New mail is announced with ``NOTIFY`` when its
+transaction commits, and every host's delivery ``LISTEN``\\s. The migrations run at a process's
+first connection, under an advisory lock: of many processes starting at once, one migrates and
+the others wait, then find nothing left to do.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import lru_cache
+from importlib import resources
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from ..contract import Reads, StoreUnavailable, Writes, each_read
+from ..sql import Dialect
+from ..verbs import SqlVerbs
+
+Result = TypeVar("Result")
+
+CHANNEL = "mailsvc_mail"
+#: Times a job is run again after a deadlock or a serialization failure.
+_RETRIES = 5
+_CONNECT_SECONDS = 10.0
+
+
+def _unique_violation(exc: BaseException) -> str | None:
+    if isinstance(exc, errors.UniqueViolation):
+        return exc.diag.constraint_name
+    return None
+
+
+DIALECT = Dialect(
+    name="postgresql",
+    least="LEAST",
+    greatest="GREATEST",
+    skip_locked=" FOR UPDATE SKIP LOCKED",
+    unique_violation=_unique_violation,
+    json_param=lambda text: text,  # psycopg sends text untyped; the jsonb column parses it
+    from_json=lambda value: value,  # psycopg reads jsonb as Python data
+    announce_mail=f"NOTIFY {CHANNEL}",
+)
+
+
+@lru_cache(maxsize=1024)
+def _placeholders(sql: str) -> str:
+    """The verbs' ``?`` placeholders as psycopg's ``%s`` (they contain no ``%`` of their own)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class _Connection:
+    """A psycopg connection as the verbs use one (``?`` placeholders)."""
+
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        self._connection = connection
+
+    def execute(self, sql: str, params: Any = (), /) -> Any:
+        return self._connection.execute(_placeholders(sql), params)
+
+    def executemany(self, sql: str, params: Any, /) -> Any:
+        cursor = self._connection.cursor()
+        cursor.executemany(_placeholders(sql), list(params))
+        return cursor
+
+
+def check_url(url: str) -> None:
+    """:raises StoreUnavailable: ``url`` is not a PostgreSQL URL libpq can read."""
+    try:
+        conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise StoreUnavailable(
+            f"MAILSVC_DATABASE: not a PostgreSQL URL libpq can read ({exc})"
+        ) from None
+
+
+class PostgresStore:
+    """The store in one PostgreSQL database.
+
+    :param url: ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; libpq's
+        ``options`` may set a ``search_path``).
+    :param pool_size: connections each process may hold at most.
+    """
+
+    backend = "postgresql"
+    announces_mail = True
+
+    def __init__(self, url: str, pool_size: int = 10) -> None:
+        check_url(url)
+        self.url = url
+        self.pool_size = pool_size
+        self.reads: Reads = each_read(self)
+        self._lock = threading.Lock()
+        self._pool: ConnectionPool[Any] | None = None
+        self._pid: int | None = None
+        self._listener: psycopg.Connection[Any] | None = None
+
+    @contextmanager
+    def read(self) -> Iterator[Reads]:
+        with self._connections().connection() as connection:
+            connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                yield SqlVerbs(_Connection(connection), DIALECT)
+            finally:
+                connection.execute("ROLLBACK")  # nothing to keep: ends the snapshot
+
+    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+        for attempt in range(_RETRIES + 1):
+            with self._connections().connection() as connection:
+                connection.execute("BEGIN")
+                try:
+                    if not durable:
+                        connection.execute("SET LOCAL synchronous_commit = off")
+                    result = job(SqlVerbs(_Connection(connection), DIALECT))
+                    connection.execute("COMMIT")
+                    return result
+                except (errors.DeadlockDetected, errors.SerializationFailure):
+                    connection.execute("ROLLBACK")
+                    if attempt == _RETRIES:
+                        raise
+                except BaseException:
+                    if not connection.closed:
+                        connection.execute("ROLLBACK")
+                    raise
+            time.sleep(random.uniform(0, 0.01 * 2**attempt))
+        raise AssertionError("unreachable")
+
+    def wait_for_mail(self, timeout: float) -> bool:
+        """Wait for a ``NOTIFY`` of new mail from any host (one listening connection per
+        process, used by its one listener thread)."""
+        try:
+            if self._listener is None or self._listener.closed:
+                self._listener = psycopg.connect(self.url, autocommit=True)
+                self._listener.execute(f"LISTEN {CHANNEL}")
+            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                return True
+            return False
+        except psycopg.Error:
+            self._listener = None  # the server went away: poll meanwhile, listen again later
+            time.sleep(timeout)
+            return False
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, listener, pid = self._pool, self._listener, self._pid
+            self._pool, self._listener, self._pid = None, None, None
+        if pid == os.getpid():
+            if pool is not None:
+                pool.close()
+            if listener is not None:
+                listener.close()
+
+    def _connections(self) -> ConnectionPool[Any]:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = self._open()
+                self._pid = os.getpid()
+            return self._pool
+
+    def _open(self) -> ConnectionPool[Any]:
+        """A new pool for this process, with the schema migrated."""
+        try:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+                migrate(connection)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"MAILSVC_DATABASE: cannot connect ({_first_line(exc)})"
+            ) from None
+        pool: ConnectionPool[Any] = ConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name="mailsvc",
+        )
+        try:
+            pool.open(wait=True, timeout=_CONNECT_SECONDS)
+        except PoolTimeout as exc:
+            pool.close()
+            raise StoreUnavailable(f"MAILSVC_DATABASE: cannot connect ({exc})") from None
+        return pool
+
+
+def migrate(connection: psycopg.Connection[Any]) -> list[int]:
+    """Apply the migrations the schema has not seen, in order, each in its own transaction,
+    under an advisory lock (per schema); the numbers this call applied."""
+    scripts = sorted(
+        (
+            entry
+            for entry in resources.files("mailsvc.store")
+            .joinpath("migrations", "postgres")
+            .iterdir()
+            if entry.name.endswith(".sql")
+        ),
+        key=lambda entry: entry.name,
+    )
+    lock = "SELECT pg_advisory_lock(hashtext('mailsvc migrations ' || current_schema()))"
+    connection.execute(lock)
+    applied = []
+    try:
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version bigint PRIMARY KEY, "
+            "applied_at double precision NOT NULL, applied_by text NOT NULL)"
+        )
+        done = {row[0] for row in connection.execute("SELECT version FROM schema_migrations")}
+        for number, script in enumerate(scripts, start=1):
+            if number in done:
+                continue
+            with connection.transaction():
+                connection.execute(script.read_text())
+                connection.execute(
+                    "INSERT INTO schema_migrations (version, applied_at, applied_by) "
+                    "VALUES (%s, %s, %s)",
+                    (number, time.time(), f"{socket.gethostname()}/{os.getpid()}"),
+                )
+            applied.append(number)
+    finally:
+        connection.execute(lock.replace("pg_advisory_lock", "pg_advisory_unlock"))
+    return applied
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+__all__: Sequence[str] = ["PostgresStore", "check_url", "migrate"]
