@@ -19,6 +19,8 @@ RACERS = 8
 
 def race(stores: list[Store], work: Callable[[Store, int], Any], rounds: int = 1) -> list[Any]:
     """Run ``work(store, n)`` from one thread per store, all released at once; every result."""
+    for store in stores:  # connections opened (and schema checked) before the race
+        store.reads.get_account("acc_warm_up")
     start = threading.Barrier(len(stores))
     results: list[Any] = []
     lock = threading.Lock()
