@@ -1,12 +1,18 @@
 """gunicorn settings for mailsvc: ``gunicorn -c gunicorn.conf.py``.
 
 ``-b`` and ``-w`` on the command line override what is set here, as gunicorn always allows.
-Delivery threads start in each worker after fork and stop, gracefully, when the worker exits.
+The master checks the settings and opens the store (migrating it) before it forks; a setting
+that cannot work is one line on stderr and a non-zero exit. Delivery threads start in each
+worker after fork and stop, gracefully, when the worker exits.
 """
 
-from mailsvc.settings import load_settings
+from mailsvc.settings import SettingsError, load_settings
+from mailsvc.startup import check_or_exit, fail
 
-_settings = load_settings()
+try:
+    _settings = load_settings()
+except SettingsError as exc:
+    fail(str(exc))
 
 wsgi_app = "mailsvc.wsgi:app"
 bind = _settings.bind
@@ -18,6 +24,10 @@ threads = _settings.threads
 control_socket_disable = True
 # Time a stopping worker has to finish its requests and the SMTP transactions in flight.
 graceful_timeout = 30
+
+
+def on_starting(server):
+    check_or_exit(_settings)
 
 
 def post_worker_init(worker):

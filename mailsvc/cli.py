@@ -16,7 +16,8 @@ from typing import Any
 from . import operator
 from .services import build_services
 from .settings import SettingsError, load_settings
-from .store import Store, StoreUnavailable, open_store
+from .startup import open_checked_store
+from .store import Store, StoreUnavailable
 
 Action = Callable[[Store, argparse.Namespace], dict[str, Any]]
 
@@ -109,6 +110,15 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--account", required=True)
     sub.add_argument("--group", required=True, choices=("send", "list", "other"))
     sub.add_argument("--per-minute", type=int, required=True)
+
+    sub = nouns.add_parser(
+        "migrate-data",
+        help="copy this SQLite store (MAILSVC_DATABASE) into an empty PostgreSQL database",
+    )
+    sub.set_defaults(
+        action=lambda db, a: operator.migrate_data(db, a.to, a.settings.idempotency_ttl_seconds)
+    )
+    sub.add_argument("--to", required=True, metavar="URL", help="postgresql://user:pass@host/db")
     return parser
 
 
@@ -116,14 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     try:
         settings = load_settings()
-        store = open_store(
-            settings.database, settings.sqlite_synchronous, settings.postgres_pool_size
-        )
+        store = open_checked_store(settings)
         arguments.key_bits = settings.dkim_key_bits
+        arguments.settings = settings
         arguments.services = build_services(settings, time.time, store)
         result = arguments.action(store, arguments)
     except (operator.OperatorError, SettingsError, StoreUnavailable) as exc:
-        print(f"mailsvc: {exc}", file=sys.stderr)
+        print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     print(json.dumps(result))
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from .api.domains import check_domain
 from .auth import SCOPES, issue_key
@@ -18,7 +19,7 @@ from .mail.addresses import normalise_domain
 from .mail.dkim import dns_record, new_signing_key
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
-from .store import Domain, DomainTaken, Reads, Store, Writes
+from .store import POSTGRES_SCHEMES, Domain, DomainTaken, Reads, Store, StoreUnavailable, Writes
 
 
 class OperatorError(Exception):
@@ -115,6 +116,37 @@ def verify_domain(
     except ServiceError as exc:
         raise OperatorError(exc.message) from None
     return change.answer
+
+
+def migrate_data(store: Store, target_url: str, idempotency_ttl: float) -> dict[str, Any]:
+    """Copy this SQLite store into an empty PostgreSQL one (``mailsvc migrate-data``)."""
+    if not target_url.startswith(POSTGRES_SCHEMES):
+        raise OperatorError("--to: must be a postgresql:// URL")
+    try:
+        from .store.postgres import PostgresStore
+        from .store.transfer import TargetNotEmpty, check_source, copy_store
+    except ImportError:
+        raise OperatorError(
+            "--to: PostgreSQL needs psycopg; pip install 'mailsvc[postgresql]'"
+        ) from None
+    try:
+        source = check_source(store)
+        target = PostgresStore(target_url, pool_size=2, setting="--to")
+        try:
+            copied = copy_store(source, target, time.time() - idempotency_ttl)
+        finally:
+            target.shutdown()
+    except (StoreUnavailable, TargetNotEmpty) as exc:
+        raise OperatorError(str(exc)) from None
+    return {"from": str(source.path), "to": _without_password(target_url), "copied": copied}
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def _one_domain(reads: Reads, domain: str, account_id: str | None) -> Domain:

@@ -39,8 +39,11 @@ BACKENDS = ("sqlite", "postgresql")
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames:
-        only = metafunc.definition.get_closest_marker("sqlite_only")
-        metafunc.parametrize("backend", ("sqlite",) if only else BACKENDS, scope="function")
+        backends = BACKENDS
+        for only in ("sqlite", "postgresql"):
+            if metafunc.definition.get_closest_marker(f"{only.removesuffix('ql')}_only"):
+                backends = (only,)
+        metafunc.parametrize("backend", backends, scope="function")
 
 
 class Clock:

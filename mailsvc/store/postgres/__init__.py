@@ -80,15 +80,19 @@ class _Connection:
         cursor.executemany(_placeholders(sql), list(params))
         return cursor
 
+    def copy_rows(self, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Rows into a table with ``COPY`` (for moving a whole store)."""
+        with self._connection.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
 
-def check_url(url: str) -> None:
+
+def check_url(url: str, setting: str = "MAILSVC_DATABASE") -> None:
     """:raises StoreUnavailable: ``url`` is not a PostgreSQL URL libpq can read."""
     try:
         conninfo_to_dict(url)
     except psycopg.ProgrammingError as exc:
-        raise StoreUnavailable(
-            f"MAILSVC_DATABASE: not a PostgreSQL URL libpq can read ({exc})"
-        ) from None
+        raise StoreUnavailable(f"{setting}: not a PostgreSQL URL libpq can read ({exc})") from None
 
 
 class PostgresStore:
@@ -97,15 +101,17 @@ class PostgresStore:
     :param url: ``postgresql://user:password@host:5432/dbname`` (``postgres://`` too; libpq's
         ``options`` may set a ``search_path``).
     :param pool_size: connections each process may hold at most.
+    :param setting: what to name in an error message: where the URL came from.
     """
 
     backend = "postgresql"
     announces_mail = True
 
-    def __init__(self, url: str, pool_size: int = 10) -> None:
-        check_url(url)
+    def __init__(self, url: str, pool_size: int = 10, setting: str = "MAILSVC_DATABASE") -> None:
+        check_url(url, setting)
         self.url = url
         self.pool_size = pool_size
+        self.setting = setting
         self.reads: Reads = each_read(self)
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
@@ -183,9 +189,7 @@ class PostgresStore:
             with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
                 migrate(connection)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"MAILSVC_DATABASE: cannot connect ({_first_line(exc)})"
-            ) from None
+            raise StoreUnavailable(f"{self.setting}: cannot connect ({_first_line(exc)})") from None
         pool: ConnectionPool[Any] = ConnectionPool(
             self.url,
             min_size=1,
@@ -198,7 +202,7 @@ class PostgresStore:
             pool.open(wait=True, timeout=_CONNECT_SECONDS)
         except PoolTimeout as exc:
             pool.close()
-            raise StoreUnavailable(f"MAILSVC_DATABASE: cannot connect ({exc})") from None
+            raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
         return pool
 
 
