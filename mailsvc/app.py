@@ -4,26 +4,28 @@ A request is answered in the order its checks must answer, and nothing that cost
 before the caller is known:
 
 1. route (404/405);
-2. API key (401): one read of the store, none for a malformed header;
-3. rate limit (429): one short write that takes a token, kept even when a later step refuses;
-4. input (400/413/415): only now is the body read, and parsed strictly;
-5. key scope (403);
-6. idempotency key: a finished request's answer is replayed (422 for another request with the
+2. API key (401) and rate limit (429): one read of the store (none for a malformed header)
+   finds the key and the state of its bucket;
+3. input (400/413/415): only now is the body read, and parsed strictly;
+4. key scope (403);
+5. idempotency key: a finished request's answer is replayed (422 for another request with the
    same key);
-7. the handler. A read runs in one read transaction. A write prepares outside any lock (it
-   renders, makes keys, looks up DNS) and its change is applied, with the idempotency claim, in
-   one job of the store's writer: it commits whole, or is refused (400/402/404/409) and leaves
-   nothing behind.
+6. the handler. A read runs in one read transaction. A write prepares outside any lock (it
+   renders, makes keys, looks up DNS) and its change is applied, with its rate-limit token and
+   the idempotency claim, in one job of the store's writer: it commits whole, or is refused
+   (400/402/404/409) and leaves nothing behind. Every request takes exactly one token: a write
+   in that job, anything else (a read, a replay, a refusal) in a short job of its own.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
+from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 from werkzeug.wsgi import ClosingIterator
@@ -32,9 +34,10 @@ from . import idempotency
 from .auth import Principal, authenticate, read_token, require_scope
 from .changes import Change
 from .delivery import DeliveryPool
-from .errors import render_error
+from .errors import RateLimited, ServiceError, render_error
 from .idempotency import Claim, Replay
 from .inputs import AUTHENTICATED, Input, discard_unread_body, read_input
+from .ratelimit import Admission
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
@@ -83,51 +86,66 @@ class MailService:
 
     def dispatch(self, request: Request) -> Response:
         endpoint, matched = self.url_map.bind_to_environ(request.environ).match()
-        now = self.clock()
-        caller = self._admit(request, endpoint, now)
+        admission = self._admit(request, endpoint, self.clock())
+        try:
+            return self._respond(request, endpoint, matched, admission)
+        except RateLimited:
+            raise
+        except (ServiceError, HTTPException):
+            # A refused request counts against the rate limit too: its token is taken, and
+            # nothing else it did stands. (Losing the last token to a race makes it a 429.)
+            self.services.limiter.take_alone(self.store, admission)
+            raise
+
+    def _admit(self, request: Request, endpoint: Endpoint, now: float) -> Admission:
+        """Who is asking (401), and whether they may ask now (429): one read of the store."""
+        token = read_token(request.headers.get("Authorization"))
+        principal, caller = authenticate(token, self.store.reads, endpoint.rate_group)
+        request.environ[AUTHENTICATED] = True
+        return self.services.limiter.admit(caller, principal, endpoint.rate_group, now)
+
+    def _respond(
+        self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
+    ) -> Response:
+        limiter, caller = self.services.limiter, admission.principal
         given = read_input(request, endpoint, self.schemas, self.settings)
         require_scope(caller, endpoint.scopes)
         arguments = {**matched, **given.arguments}
         if not endpoint.writes:
             with self.store.read() as view:
                 data = endpoint.handler(view, caller, self.services, **arguments)
+            limiter.take_alone(self.store, admission)
             return _json_response(json.dumps(data), endpoint.status)
-        claim = self._claim(request, caller, given, now)
+        claim = self._claim(request, caller, given, admission.now)
         if claim is not None:
             replay = idempotency.stored_answer(self.store.reads, claim)
             if replay is not None:
+                limiter.take_alone(self.store, admission)
                 return _replayed(replay)
         change: Change = endpoint.handler(self.store.reads, caller, self.services, **arguments)
         body = json.dumps(change.answer)
-        if claim is not None or change.apply is not None:
-            kept = body if change.replayed is None else json.dumps(change.replayed)
+        if claim is None and change.apply is None:  # nothing to write (a render)
+            limiter.take_alone(self.store, admission)
+            return _json_response(body, endpoint.status)
+        kept = body if change.replayed is None else json.dumps(change.replayed)
 
-            def apply(tx: Writes) -> Replay | None:
-                if claim is not None:
-                    earlier = idempotency.claim(tx, claim, endpoint.status, kept)
-                    if earlier is not None:
-                        return earlier
-                if change.apply is not None:
-                    change.apply(tx)
-                return None
+        def apply(tx: Writes) -> Replay | None:
+            earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
+            if earlier is None and change.apply is not None:
+                change.apply(tx)
+            # Last, because every request of the account updates its bucket: on PostgreSQL the
+            # row is then locked only while the transaction commits. Over the limit, the
+            # transaction is undone whole.
+            limiter.take(tx, admission)
+            return earlier
 
-            replay = self.store.write(apply)
-            if replay is not None:
-                return _replayed(replay)
+        replay = self.store.write(apply)
+        admission.taken = True
+        if replay is not None:
+            return _replayed(replay)
         if change.wakes_delivery:
             self.delivery.wake()
         return _json_response(body, endpoint.status)
-
-    def _admit(self, request: Request, endpoint: Endpoint, now: float) -> Principal:
-        """Who is asking (401), and whether they may ask now (429)."""
-        token = read_token(request.headers.get("Authorization"))
-        limiter = self.services.limiter
-        with self.store.read() as view:
-            caller = authenticate(token, view)
-            per_minute = limiter.limits_for(view, caller.account_id)[endpoint.rate_group]
-        request.environ[AUTHENTICATED] = True
-        limiter.admit(self.store, caller, endpoint.rate_group, per_minute, now)
-        return caller
 
     def _claim(self, request: Request, caller: Principal, given: Input, now: float) -> Claim | None:
         if request.method != "POST":

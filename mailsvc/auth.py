@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .errors import Forbidden, NotAuthenticated
 from .ids import new_id
-from .store import Reads
+from .store import Caller, Reads
 
 FULL = "full"
 SENDING = "sending"
@@ -80,15 +80,18 @@ def read_token(authorization: str | None) -> Token:
     return Token("key_" + match.group(1), match.group(2))
 
 
-def authenticate(token: Token, reads: Reads) -> Principal:
-    """The principal a token names.
+def authenticate(token: Token, reads: Reads, route_group: str) -> tuple[Principal, Caller]:
+    """The principal a token names, with what the store knows of its caller for the route
+    group (its own rate limit, its bucket), read in one statement.
 
     :raises NotAuthenticated: it names no live key, or the secret is wrong.
     """
-    key = reads.get_api_key(token.key_id)
+    caller = reads.get_caller(token.key_id, route_group)
+    key = caller.key if caller is not None else None
     if key is None or key.revoked or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
         raise NotAuthenticated("Authorization: unknown or revoked API key")
-    return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at)
+    assert caller is not None
+    return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at), caller
 
 
 def require_scope(principal: Principal, scopes: tuple[str, ...]) -> None:

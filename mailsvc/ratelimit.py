@@ -3,22 +3,41 @@
 The buckets live in the store, not in a process: gunicorn runs several workers (and, on
 PostgreSQL, several hosts) and a counter in each would multiply every limit. A bucket holds at
 most ``per_minute`` tokens and refills continuously at ``per_minute / 60`` tokens a second; a
-request takes one token (see :meth:`~mailsvc.store.contract.Writes.take_token`).
+request takes one token.
+
+A request is let in or refused before its body is read, by a look at its bucket made in the same
+read that checks its key (:meth:`RateLimiter.admit`). It takes its token later, exactly once, in
+one statement of the store (:meth:`RateLimiter.take`): a write in the same transaction as what it
+writes, anything else (a read, a replay, a refusal) in a short transaction of its own. When
+requests race for the last token, the take decides: the one that loses is a 429, and a write
+that loses leaves nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from .auth import Principal
 from .errors import RateLimited
-from .store import Reads, Store
+from .store import Caller, Reads, Store, Writes
 from .store.keys import LAST_USED_PRECISION_SECONDS
 
 SEND = "send"
 LIST = "list"
 OTHER = "other"
 ROUTE_GROUPS = (SEND, LIST, OTHER)
+
+
+@dataclass
+class Admission:
+    """A request its rate limit let in, and the token it has still to take."""
+
+    principal: Principal
+    group: str
+    per_minute: int
+    now: float
+    taken: bool = False
 
 
 class RateLimiter:
@@ -34,28 +53,42 @@ class RateLimiter:
         """Requests per minute by route group, the account's own where it has one."""
         return {**self.defaults, **reads.get_rate_limits(account_id)}
 
-    def admit(
-        self, store: Store, caller: Principal, group: str, per_minute: int, now: float
-    ) -> None:
-        """Take a token from the caller's bucket for ``group``, and note that its key was used,
-        in one short write that need not wait for the disk.
+    def admit(self, caller: Caller, principal: Principal, group: str, now: float) -> Admission:
+        """Let the request in if its bucket, refilled to ``now``, has a token.
 
-        :raises RateLimited: the bucket is empty; ``retry_after`` says when it is not.
+        :raises RateLimited: it has none; ``retry_after`` says when it will.
         """
-        stale = (
-            caller.last_used_at is None or caller.last_used_at < now - LAST_USED_PRECISION_SECONDS
-        )
+        per_minute = caller.own_limit or self.defaults[group]
+        tokens, updated_at = caller.bucket or (float(per_minute), now)
+        rate = per_minute / 60.0
+        tokens = min(float(per_minute), tokens + max(0.0, now - updated_at) * rate)
+        if tokens < 1.0:
+            raise _limited(group, per_minute, tokens)
+        return Admission(principal, group, per_minute, now)
 
-        def take(tx):  # type: ignore[no-untyped-def]
-            if stale:
-                tx.touch_api_key(caller.key_id, now)
-            return tx.take_token(caller.account_id, group, per_minute, now)
+    def take(self, tx: Writes, admission: Admission) -> None:
+        """Take the request's token, in ``tx``; note that its key was used (once a minute).
 
-        take_result = store.write(take, durable=False)
-        if not take_result.taken:
-            rate = per_minute / 60.0
-            raise RateLimited(
-                f"rate limit: {per_minute} requests per minute for this endpoint group "
-                f"({group}); retry later",
-                (1.0 - take_result.tokens) / rate,
-            )
+        :raises RateLimited: another request took the last token first.
+        """
+        principal, now = admission.principal, admission.now
+        last_used = principal.last_used_at
+        if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
+            tx.touch_api_key(principal.key_id, now)
+        take = tx.take_token(principal.account_id, admission.group, admission.per_minute, now)
+        if not take.taken:
+            raise _limited(admission.group, admission.per_minute, take.tokens)
+
+    def take_alone(self, store: Store, admission: Admission) -> None:
+        """Take the token in a transaction of its own, one that need not wait for the disk."""
+        if not admission.taken:
+            store.write(lambda tx: self.take(tx, admission), durable=False)
+            admission.taken = True
+
+
+def _limited(group: str, per_minute: int, tokens: float) -> RateLimited:
+    return RateLimited(
+        f"rate limit: {per_minute} requests per minute for this endpoint group ({group}); "
+        f"retry later",
+        (1.0 - tokens) / (per_minute / 60.0),
+    )

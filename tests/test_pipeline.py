@@ -175,3 +175,27 @@ def test_an_api_key_secret_is_never_stored_and_never_replayed(client, tenant, ap
     stored = stored_bytes(config["database"])
     assert secret.encode() not in stored
     assert created["id"].encode() in stored  # the check looks where the key is
+
+
+def test_a_write_that_loses_the_last_token_to_a_race_is_429_and_leaves_nothing(config, clock):
+    config.update(rate_other_per_minute=2)
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+
+    def racer(reads, principal, services):
+        # While this request prepares, other requests take every token left.
+        now = clock()
+        app.store.write(lambda tx: [tx.take_token(principal.account_id, OTHER, 2, now) for _ in "ab"])
+
+        def apply(tx):
+            tx.create_template("tpl_race", principal.account_id, "race", None, None, "x", now)
+
+        return Change(apply, {"created": True})
+
+    app.url_map = Map(
+        [rule.empty() for rule in URL_MAP.iter_rules()]
+        + [Rule("/v1/race", methods=["POST"], endpoint=Endpoint(racer, OTHER, writes=True))]
+    )
+    assert_error(Client(app).post("/v1/race", headers=tenant.headers), 429, "2 requests per minute")
+    with app.store.read() as view:
+        assert view.get_template(tenant.id, "tpl_race") is None

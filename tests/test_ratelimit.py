@@ -7,7 +7,8 @@ from werkzeug.test import Client
 
 from mailsvc import create_app, operator
 
-from .conftest import assert_error, email_body, make_tenant
+from .conftest import assert_error, count_by_status, email_body, make_tenant
+from .servers import Gunicorn
 
 
 def test_bucket_refills_continuously_up_to_capacity(open_test_store):
@@ -133,3 +134,17 @@ def test_check_order_401_429_400_403_400_402(limited, clock):
     assert_error(
         client.get("/v1/emails/em_missing", headers={"Authorization": f"Bearer {sending}"}), 403
     )
+
+
+@pytest.mark.slow
+def test_a_limit_holds_exactly_under_concurrent_sends_on_several_workers(served_tenant):
+    path, store, account_id, headers = served_tenant
+    operator.set_limit(store, account_id, "send", 20)
+    server = Gunicorn({"MAILSVC_DATABASE": path}, workers=2).start()
+    try:
+        answers = server.many([("POST", "/v1/emails", email_body(), headers)] * 40, concurrency=40)
+    finally:
+        server.stop()
+    assert sorted(status for status, _ in answers) == [200] * 20 + [429] * 20
+    assert sum(count_by_status(store).values()) == 20
+    assert store.reads.get_account(account_id).credits == 100_000 - 20

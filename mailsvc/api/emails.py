@@ -103,15 +103,17 @@ def send_email(
     )
 
     def accept(tx: Writes) -> None:
-        if not tx.is_domain_verified(account_id, domain):
-            raise DomainNotVerified(
-                f"from: sender domain {domain} is not verified for this account"
-            )
-        if cost and tx.debit_credits(account_id, cost) is None:
+        # The account's row is the one every send of the account updates: it is locked last,
+        # so that on PostgreSQL it is held only while the transaction commits.
+        tx.enqueue_email(email)
+        if tx.debit_for_domain(account_id, domain, cost) is None:
+            if not tx.is_domain_verified(account_id, domain):
+                raise DomainNotVerified(
+                    f"from: sender domain {domain} is not verified for this account"
+                )
             account = tx.get_account(account_id)
             available = account.credits if account else 0
             raise InsufficientCredit(f"credits: {cost} needed, {available} available")
-        tx.enqueue_email(email)
 
     return Change(accept, {"id": email_id, "status": statuses.QUEUED}, wakes_delivery=True)
 
@@ -187,7 +189,8 @@ def _render_template(
 
 
 def present_email(record: EmailRecord, events: Sequence[Event]) -> dict[str, Any]:
-    """The email object of the API, with its timeline."""
+    """The email object of the API, with its timeline (which begins with its acceptance)."""
+    timeline = [Event(record.created_at, statuses.QUEUED, None), *events]
     sender = str(Mailbox(record.sender_name, record.sender_address))
     return {
         "id": record.id,
@@ -204,7 +207,7 @@ def present_email(record: EmailRecord, events: Sequence[Event]) -> dict[str, Any
         "nextAttemptAt": iso_time(record.due_at)
         if record.status in (statuses.QUEUED, statuses.DEFERRED)
         else None,
-        "events": [present_event(event) for event in events],
+        "events": [present_event(event) for event in timeline],
         "recipients": [
             {
                 "address": r.address,

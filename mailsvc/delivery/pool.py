@@ -105,7 +105,8 @@ class DeliveryPool:
             thread.start()
 
     def wake(self) -> None:
-        """Tell the claimer that there is new mail."""
+        """Tell the claimer that there is new mail, and every other process and host too."""
+        self.store.announce_mail()
         with self._wakeup:
             self._signalled = True
             self._wakeup.notify_all()

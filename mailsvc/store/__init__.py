@@ -17,6 +17,7 @@ from .contract import (
 from .records import (
     Account,
     ApiKey,
+    Caller,
     Domain,
     EmailFilter,
     EmailRecord,
@@ -52,6 +53,7 @@ def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int =
 __all__ = [
     "Account",
     "ApiKey",
+    "Caller",
     "Domain",
     "DomainExists",
     "DomainTaken",

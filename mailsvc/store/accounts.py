@@ -43,6 +43,17 @@ class AccountVerbs:
         ).fetchone()
         return row[0] if row else None
 
+    def debit_for_domain(self, account_id: str, domain: str, amount: int) -> int | None:
+        # The balance and the sender domain are checked, and the credit taken, by one
+        # statement: the send path's whole check, in one round trip.
+        row = self.connection.execute(
+            "UPDATE accounts SET credits = credits - ? WHERE id = ? AND credits >= ? "
+            "AND EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
+            "AND verified_at IS NOT NULL) RETURNING credits",
+            (amount, account_id, amount, account_id, domain),
+        ).fetchone()
+        return row[0] if row else None
+
     # -- rate limits ---------------------------------------------------------------------
 
     def set_rate_limit(self, account_id: str, route_group: str, per_minute: int) -> None:

@@ -22,6 +22,7 @@ from ..mail.dkim import SigningKey
 from .records import (
     Account,
     ApiKey,
+    Caller,
     Domain,
     EmailFilter,
     EmailRecord,
@@ -57,6 +58,11 @@ class Reads(Protocol):
 
     def get_api_key(self, key_id: str) -> ApiKey | None:
         """The key, revoked or not. A revocation committed anywhere is seen by the next read."""
+        ...
+
+    def get_caller(self, key_id: str, route_group: str) -> Caller | None:
+        """The key, its account's own requests-per-minute for the route group and that
+        group's bucket, in one read: what every request needs to know first."""
         ...
 
     def list_api_keys(self, account_id: str, before_seq: int | None, limit: int) -> list[ApiKey]:
@@ -139,6 +145,12 @@ class Writes(Reads, Protocol):
         balance: credit is never overspent."""
         ...
 
+    def debit_for_domain(self, account_id: str, domain: str, amount: int) -> int | None:
+        """As :meth:`debit_credits`, only if the account also has ``domain`` verified: both
+        checked, and the credit taken, in one conditional update. None: nothing taken (the
+        caller reads again to say which of the two was missing)."""
+        ...
+
     def set_rate_limit(self, account_id: str, route_group: str, per_minute: int) -> None: ...
 
     def take_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> Take:
@@ -219,7 +231,8 @@ class Writes(Reads, Protocol):
     # -- the queue -----------------------------------------------------------------------
 
     def enqueue_email(self, email: NewEmail) -> int:
-        """Queue an accepted email with its recipients and its first event; its sequence number."""
+        """Queue an accepted email with its recipients; its sequence number. (Its timeline
+        begins with its acceptance, ``created_at``: not an event row of its own.)"""
         ...
 
     def claim_due(
@@ -321,8 +334,9 @@ class Store(Protocol):
 
     @property
     def reads(self) -> Reads:
-        """Reads that each run in their own short read transaction: for a caller that reads,
-        then computes or waits, then reads again, holding nothing in between."""
+        """Reads one verb at a time, each on a connection taken for the call and outside any
+        transaction (each statement sees what was committed when it ran): for a caller that
+        reads, then computes or waits, then reads again, holding nothing in between."""
         ...
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
@@ -338,6 +352,11 @@ class Store(Protocol):
         """
         ...
 
+    def announce_mail(self) -> None:
+        """Let every process and host know that mail was queued (without waiting for it; one
+        announcement may stand for several). A backend without announcements does nothing."""
+        ...
+
     def wait_for_mail(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for news of mail queued by another process or host; True if
         some came. A backend without such news returns False at once."""
@@ -348,18 +367,19 @@ class Store(Protocol):
         ...
 
 
-def each_read(store: Store) -> Reads:
-    """:attr:`Store.reads` for a backend: every verb in its own read transaction."""
-    return _EachRead(store)  # type: ignore[return-value]
+def each_read(verbs: Callable[[], AbstractContextManager[Reads]]) -> Reads:
+    """:attr:`Store.reads` for a backend: each verb called on what ``verbs()`` lends for the
+    call (the verbs on a connection outside any transaction)."""
+    return _EachRead(verbs)  # type: ignore[return-value]
 
 
 class _EachRead:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, verbs: Callable[[], AbstractContextManager[Reads]]) -> None:
+        self._verbs = verbs
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            with self._store.read() as view:
+            with self._verbs() as view:
                 return getattr(view, name)(*args, **kwargs)
 
         return call

@@ -23,14 +23,20 @@ class HistoryVerbs:
         self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
     ) -> None:
         """Add an event to an email's timeline; ``detail`` is small data the service made."""
+        self.add_events(email_seq, at, [(type, detail)])
+
+    def add_events(
+        self, email_seq: int, at: float, events: Sequence[tuple[str, dict[str, Any] | None]]
+    ) -> None:
+        """Add events, in order, to an email's timeline, in one statement."""
+        values: list[Any] = []
+        for type, detail in events:
+            encoded = json.dumps(detail) if detail is not None else None
+            values += [email_seq, at, type, self.dialect.json_param(encoded) if encoded else None]
         self.connection.execute(
-            "INSERT INTO events (email_seq, at, type, detail) VALUES (?, ?, ?, ?)",
-            (
-                email_seq,
-                at,
-                type,
-                self.dialect.json_param(json.dumps(detail)) if detail is not None else None,
-            ),
+            "INSERT INTO events (email_seq, at, type, detail) VALUES "
+            + ", ".join(["(?, ?, ?, ?)"] * len(events)),
+            values,
         )
 
     def with_recipients(self, rows: Sequence[Sequence[Any]]) -> list[EmailRecord]:

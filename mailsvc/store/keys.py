@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .records import ApiKey
+from .records import ApiKey, Caller
 from .sql import Connection, page_bound
 
 _COLUMNS = (
-    "id, account_id, secret_hash, scope, revoked_at IS NOT NULL, name, domain, created_at, "
-    "last_used_at, seq"
+    "api_keys.id, api_keys.account_id, api_keys.secret_hash, api_keys.scope, "
+    "api_keys.revoked_at IS NOT NULL, api_keys.name, api_keys.domain, api_keys.created_at, "
+    "api_keys.last_used_at, api_keys.seq"
 )
 #: ``last_used_at`` is written at most this often, so a busy key does not add a write a request.
 LAST_USED_PRECISION_SECONDS = 60.0
@@ -36,6 +37,20 @@ class KeyVerbs:
         ).fetchone()
         assert row is not None
         return _key(row)
+
+    def get_caller(self, key_id: str, route_group: str) -> Caller | None:
+        row = self.connection.execute(
+            f"SELECT {_COLUMNS}, "
+            f"(SELECT per_minute FROM account_limits AS own "
+            f"WHERE own.account_id = api_keys.account_id AND own.route_group = ?), "
+            f"bucket.tokens, bucket.updated_at FROM api_keys "
+            f"LEFT JOIN rate_buckets AS bucket ON bucket.account_id = api_keys.account_id "
+            f"AND bucket.route_group = ? WHERE api_keys.id = ?",
+            (route_group, route_group, key_id),
+        ).fetchone()
+        if row is None:
+            return None
+        return Caller(_key(row), row[10], (row[11], row[12]) if row[11] is not None else None)
 
     def get_api_key(self, key_id: str) -> ApiKey | None:
         row = self.connection.execute(

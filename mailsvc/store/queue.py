@@ -40,16 +40,14 @@ class QueueVerbs(HistoryVerbs):
         ).fetchone()
         assert row is not None
         seq: int = row[0]
-        self.connection.executemany(
-            "INSERT INTO recipients (email_seq, position, address, status) VALUES (?, ?, ?, ?)",
-            [
-                (seq, position, address, statuses.QUEUED)
-                for position, address in enumerate(email.recipients)
-            ],
+        values: list[object] = []
+        for position, address in enumerate(email.recipients):
+            values += [seq, position, address, statuses.QUEUED]
+        self.connection.execute(
+            "INSERT INTO recipients (email_seq, position, address, status) VALUES "
+            + ", ".join(["(?, ?, ?, ?)"] * len(email.recipients)),
+            values,
         )
-        self.add_event(seq, email.created_at, statuses.QUEUED)
-        if self.dialect.announce_mail:
-            self.connection.execute(self.dialect.announce_mail)
         return seq
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
@@ -123,8 +121,14 @@ class QueueVerbs(HistoryVerbs):
             }
             for _, r in recipients
         ]
-        self.add_event(seq, now, "attempt", {"attempt": row[0], "recipients": replies})
-        self.add_event(seq, now, status, {"nextAttemptAt": due_at} if due_at else None)
+        self.add_events(
+            seq,
+            now,
+            [
+                ("attempt", {"attempt": row[0], "recipients": replies}),
+                (status, {"nextAttemptAt": due_at} if due_at else None),
+            ],
+        )
         return True
 
     def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:

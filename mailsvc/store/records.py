@@ -139,6 +139,17 @@ class IdempotentRequest:
     response_body: str
 
 
+@dataclass(frozen=True)
+class Caller:
+    """What a request needs to know first, read in one statement: the key it presents, its
+    account's own limit for the route group (None: the default), and that group's bucket as
+    it was last left (None: never used)."""
+
+    key: ApiKey
+    own_limit: int | None
+    bucket: tuple[float, float] | None  # (tokens, updated_at)
+
+
 class Take(NamedTuple):
     """A rate-limit bucket after a request: whether it took a token, and the tokens left."""
 

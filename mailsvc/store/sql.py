@@ -25,6 +25,9 @@ class Cursor(Protocol):
 
 
 class Connection(Protocol):
+    """What the verbs use. A verb reads each result before its next statement: a backend may
+    reuse one cursor for all of them."""
+
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
 
     def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
@@ -44,9 +47,6 @@ class Dialect:
     #: column, and such a column's value read back as Python data.
     json_param: Callable[[str], Any]
     from_json: Callable[[Any], Any]
-    #: A statement that tells other processes, when the transaction commits, that mail was
-    #: queued (PostgreSQL's NOTIFY); None where they find it by polling.
-    announce_mail: str | None = None
 
 
 def marks(count: int) -> str:

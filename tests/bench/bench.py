@@ -6,6 +6,8 @@
 H1  a no-op Werkzeug app under the same gunicorn configuration: the framework floor
 H2  mailsvc accepting POST /v1/emails (about 2 KB of html; 1 and 5 recipients), durable commits,
     delivery running to the sink, the bench account's rate limits raised
+H2pg, E2Epg  H2 and E2E with the store on PostgreSQL (a database of the round's own on
+    --postgres-url, dropped after it), in the same round as the SQLite cases
 D0  a raw smtplib loop to the same sink, same number of threads, the same (signed) message
 D1  mailsvc draining a pre-filled queue of --drain emails to the sink
 E2E mailsvc end to end: the emails H2 accepted, from wrk's start to the sink's last receipt
@@ -47,7 +49,7 @@ from mailsvc import operator
 from mailsvc.ids import new_id
 from mailsvc.mail.dkim import sign_message
 from mailsvc.mail.message import build_message
-from mailsvc.store import Database, NewEmail
+from mailsvc.store import NewEmail, Writes, open_store
 
 from ..servers import Gunicorn, free_port
 from . import openloop, postfix
@@ -155,12 +157,13 @@ def wrk(port: int, body: str, headers: dict[str, str], seconds: float, folder: P
 
 
 def prepare(database: str) -> tuple[str, str]:
-    db = Database(database)
-    account = operator.create_account(db, "Bench", 10**12)
-    key = operator.create_key(db, account["id"])["key"]
-    operator.add_domain(db, account["id"], DOMAIN, verified=True)
+    store = open_store(database)
+    account = operator.create_account(store, "Bench", 10**12)
+    key = operator.create_key(store, account["id"])["key"]
+    operator.add_domain(store, account["id"], DOMAIN, verified=True)
     for group in ("send", "list", "other"):
-        operator.set_limit(db, account["id"], group, 10**9)
+        operator.set_limit(store, account["id"], group, 10**9)
+    store.shutdown()
     return account["id"], key
 
 
@@ -184,12 +187,7 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
     noop.stop()
 
     server = serve(env, args.workers)
-    started, delivered_before = time.time(), sink.count()
-    results["H2"] = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
-    accepted = _count_emails(env["MAILSVC_DATABASE"])
-    sink.wait_for(accepted)  # end to end: every email accepted in that run is at the sink
-    last = max(at for at, _ in sink.received()[delivered_before:])
-    results["E2E"] = (accepted / (last - started), accepted)
+    results["H2"], results["E2E"] = accept_end_to_end(server, env, sink, headers, args, folder)
     results["H2x5"] = wrk(server.port, json.dumps(email(5)), headers, args.seconds, folder)
     accepted_so_far = _count_emails(env["MAILSVC_DATABASE"])
     sink.wait_for(_expected_messages(env["MAILSVC_DATABASE"]))  # let the backlog drain first
@@ -224,9 +222,54 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
     return results
 
 
+def accept_end_to_end(server, env, sink, headers, args, folder) -> tuple[float, tuple[float, int]]:
+    """H2 with wrk, then E2E: every email accepted in that run is at the sink."""
+    import json
+
+    started, delivered_before = time.time(), sink.count()
+    accepted_before = _count_emails(env["MAILSVC_DATABASE"])
+    accept = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
+    accepted = _count_emails(env["MAILSVC_DATABASE"]) - accepted_before
+    sink.wait_for(delivered_before + accepted)
+    last = max(at for at, _ in sink.received()[delivered_before:])
+    return accept, (accepted / (last - started), accepted)
+
+
+def bench_postgres(args, folder, sink) -> dict:
+    """H2pg and E2Epg: the same as H2 and E2E, the store on a PostgreSQL database of its own."""
+    try:
+        import psycopg
+    except ImportError:
+        return {"skipped": "psycopg is not installed (pip install 'mailsvc[postgresql]')"}
+    try:
+        admin = psycopg.connect(args.postgres_url, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        return {"skipped": f"no PostgreSQL at {args.postgres_url}: {exc}"}
+    name = f"mailsvc_bench_{os.getpid()}_{new_id('r')[2:10]}"
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = args.postgres_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        env = {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
+        _, key = prepare(url)
+        server = serve(env, args.workers)
+        try:
+            accept, end_to_end = accept_end_to_end(
+                server, env, sink, {"Authorization": f"Bearer {key}"}, args, folder
+            )
+        finally:
+            server.stop()
+    finally:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        admin.close()
+    return {"H2": accept, "E2E": end_to_end}
+
+
 def _count_emails(database: str) -> int:
-    with Database(database).transaction() as tx:
-        return tx.connection.execute("SELECT count(*) FROM emails").fetchone()[0]
+    store = open_store(database)
+    try:
+        return sum(store.reads.count_emails_by_status().values())
+    finally:
+        store.shutdown()
 
 
 def _expected_messages(database: str) -> int:
@@ -234,11 +277,11 @@ def _expected_messages(database: str) -> int:
 
 
 def bench_drain(args, folder, sink, env, account_id) -> dict:
-    database = env["MAILSVC_DATABASE"]
-    db = Database(database)
+    store = open_store(env["MAILSVC_DATABASE"])
     start_count = sink.count()
     now = time.time()
-    with db.transaction() as tx:
+
+    def fill(tx: Writes) -> tuple:
         for _ in range(args.drain):
             email_id = new_id("em")
             tx.enqueue_email(
@@ -258,8 +301,10 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
                     now,
                 )
             )
-        record = tx.get_email(account_id, email_id)
-        key = tx.signing_key(account_id, DOMAIN)
+        return tx.get_email(account_id, email_id), tx.signing_key(account_id, DOMAIN)
+
+    record, key = store.write(fill)
+    store.shutdown()
     threads = args.workers * int(env.get("MAILSVC_DELIVERY_THREADS", "4"))
     server = serve(env, args.workers)
     sink.wait_for(start_count + args.drain)
@@ -333,6 +378,13 @@ def main() -> None:
         "--rounds", type=int, default=3, help="rounds of every case, one after the other"
     )
     parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(
+            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a PostgreSQL server where each round creates (and drops) a database of its own",
+    )
+    parser.add_argument(
         "--soak-seconds",
         type=float,
         default=0.0,
@@ -356,12 +408,13 @@ def one_round(args, soak: bool) -> dict:
     account_id, key = prepare(env["MAILSVC_DATABASE"])
     try:
         http = bench_http(args, folder, sink, env, key, soak)
+        postgres = bench_postgres(args, folder, sink)
         drain = bench_drain(args, folder, sink, env, account_id)
         relay = bench_postfix(folder, sink, drain["message"], http["E2E"][1])
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    return {"http": http, "drain": drain, "relay": relay}
+    return {"http": http, "postgres": postgres, "drain": drain, "relay": relay}
 
 
 @dataclass(frozen=True)
@@ -376,6 +429,10 @@ class Row:
 
 def _relay(figure: str) -> Callable[[dict], float | None]:
     return lambda r: None if "skipped" in r["relay"] else r["relay"][figure]
+
+
+def _postgres(figure: Callable[[dict], float]) -> Callable[[dict], float | None]:
+    return lambda r: None if "skipped" in r["postgres"] else figure(r["postgres"])
 
 
 def _versus_postfix(r: dict) -> float | None:
@@ -396,6 +453,20 @@ ROWS = [
     Row("D1 mailsvc drain, msgs/s", lambda r: r["drain"]["D1"]),
     Row("D1 / D0", lambda r: r["drain"]["D1"] / r["drain"]["D0"], ">= 0.8", lambda v: v >= 0.8),
     Row("E2E mailsvc end to end, msgs/s", lambda r: r["http"]["E2E"][0]),
+    Row("H2pg accept on PostgreSQL, emails/s", _postgres(lambda p: p["H2"])),
+    Row("E2Epg end to end on PostgreSQL", _postgres(lambda p: p["E2E"][0])),
+    Row(
+        "H2pg / H2 (PostgreSQL / SQLite)",
+        lambda r: None if "skipped" in r["postgres"] else r["postgres"]["H2"] / r["http"]["H2"],
+        ">= 0.5",
+        lambda v: v >= 0.5,
+    ),
+    Row(
+        "E2Epg / E2E",
+        lambda r: (
+            None if "skipped" in r["postgres"] else r["postgres"]["E2E"][0] / r["http"]["E2E"][0]
+        ),
+    ),
     Row("P Postfix accept, msgs/s", _relay("accept")),
     Row("P Postfix end to end, msgs/s", _relay("E2E")),
     Row("mailsvc / P, end to end", _versus_postfix, ">= 3", lambda v: v >= 3),
@@ -424,6 +495,8 @@ def report(args, rounds: list[dict]) -> None:
     for number, r in enumerate(rounds, start=1):
         http, relay = r["http"], r["relay"]
         postfix_said = relay["skipped"] if "skipped" in relay else f"Postfix {relay['version']}"
+        if "skipped" in r["postgres"]:
+            print(f"round {number}: PostgreSQL skipped: {r['postgres']['skipped']}")
         print(
             f"round {number}: open loop at {http['rate']:.0f}/s, {http['errors']} errors, "
             f"{http['handoff'][2]} of {http['handoff'][3]} accepted emails matched at the "

@@ -7,7 +7,8 @@ snapshot, never blocked by a writer. A write is one ``READ COMMITTED`` transacti
 lock is taken beyond the rows a verb touches, because each verb is atomic on its own (see
 :mod:`..contract`). A job that meets a deadlock or a serialization failure is rolled back and run
 again, so a job must do nothing but store work. New mail is announced with ``NOTIFY`` when its
-transaction commits, and every host's delivery ``LISTEN``\\s. The migrations run at a process's
+transaction commits (coalesced on a thread of its own), and every host's delivery
+``LISTEN``\\s. The migrations run at a process's
 first connection, under an advisory lock: of many processes starting at once, one migrates and
 the others wait, then find nothing left to do.
 """
@@ -56,7 +57,6 @@ DIALECT = Dialect(
     unique_violation=_unique_violation,
     json_param=lambda text: text,  # psycopg sends text untyped; the jsonb column parses it
     from_json=lambda value: value,  # psycopg reads jsonb as Python data
-    announce_mail=f"NOTIFY {CHANNEL}",
 )
 
 
@@ -67,18 +67,20 @@ def _placeholders(sql: str) -> str:
 
 
 class _Connection:
-    """A psycopg connection as the verbs use one (``?`` placeholders)."""
+    """A psycopg connection as the verbs use one (``?`` placeholders). Its statements share
+    one cursor (each verb reads a result before its next statement), which saves psycopg
+    making a cursor, with its adapters, for every statement."""
 
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self._connection = connection
+        self._cursor = connection.cursor()
 
     def execute(self, sql: str, params: Any = (), /) -> Any:
-        return self._connection.execute(_placeholders(sql), params)
+        return self._cursor.execute(_placeholders(sql), params)
 
     def executemany(self, sql: str, params: Any, /) -> Any:
-        cursor = self._connection.cursor()
-        cursor.executemany(_placeholders(sql), list(params))
-        return cursor
+        self._cursor.executemany(_placeholders(sql), list(params))
+        return self._cursor
 
     def copy_rows(self, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
         """Rows into a table with ``COPY`` (for moving a whole store)."""
@@ -112,11 +114,13 @@ class PostgresStore:
         self.url = url
         self.pool_size = pool_size
         self.setting = setting
-        self.reads: Reads = each_read(self)
+        self.reads: Reads = each_read(self._autocommit)
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
         self._listener: psycopg.Connection[Any] | None = None
+        self._announcer: threading.Thread | None = None
+        self._announce = threading.Event()
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -128,12 +132,12 @@ class PostgresStore:
                 connection.execute("ROLLBACK")  # nothing to keep: ends the snapshot
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+        # A write that need not wait for the disk says so in the same round trip as BEGIN.
+        begin = "BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit = off"
         for attempt in range(_RETRIES + 1):
             with self._connections().connection() as connection:
-                connection.execute("BEGIN")
+                connection.execute(begin)
                 try:
-                    if not durable:
-                        connection.execute("SET LOCAL synchronous_commit = off")
                     result = job(SqlVerbs(_Connection(connection), DIALECT))
                     connection.execute("COMMIT")
                     return result
@@ -147,6 +151,28 @@ class PostgresStore:
                     raise
             time.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
+
+    def announce_mail(self) -> None:
+        """Ask this process's announcer thread to ``NOTIFY`` every host. Announcements made
+        while one is on its way are sent as one: a busy process sends a few a second at
+        most, and no transaction that queues mail takes PostgreSQL's notify lock."""
+        self._announce.set()
+        if self._announcer is None or not self._announcer.is_alive():
+            with self._lock:
+                if self._announcer is None or not self._announcer.is_alive():
+                    self._announcer = threading.Thread(
+                        target=self._announce_loop, name="mailsvc-announcer", daemon=True
+                    )
+                    self._announcer.start()
+
+    def _announce_loop(self) -> None:
+        while self._announce.wait():
+            self._announce.clear()
+            try:
+                with self._connections().connection() as connection:
+                    connection.execute(f"NOTIFY {CHANNEL}")
+            except Exception:  # the others poll meanwhile
+                time.sleep(1.0)
 
     def wait_for_mail(self, timeout: float) -> bool:
         """Wait for a ``NOTIFY`` of new mail from any host (one listening connection per
@@ -172,6 +198,11 @@ class PostgresStore:
                 pool.close()
             if listener is not None:
                 listener.close()
+
+    @contextmanager
+    def _autocommit(self) -> Iterator[Reads]:
+        with self._connections().connection() as connection:
+            yield SqlVerbs(_Connection(connection), DIALECT)
 
     def _connections(self) -> ConnectionPool[Any]:
         pool = self._pool

@@ -71,7 +71,7 @@ class SqliteStore:
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         self.path = Path(path)
         self.synchronous = synchronous
-        self.reads: Reads = each_read(self)
+        self.reads: Reads = each_read(self._autocommit)
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._idle: list[sqlite3.Connection] = []
@@ -96,6 +96,9 @@ class SqliteStore:
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
         return self._writer.run(job, durable)
 
+    def announce_mail(self) -> None:
+        pass  # processes on one machine find each other's mail by polling
+
     def wait_for_mail(self, timeout: float) -> bool:
         return False  # processes on one machine find each other's mail by polling
 
@@ -107,6 +110,14 @@ class SqliteStore:
             connection.close()
 
     # -- connections ----------------------------------------------------------------------
+
+    @contextmanager
+    def _autocommit(self) -> Iterator[Reads]:
+        connection = self._reader()
+        try:
+            yield SqlVerbs(connection, DIALECT)
+        finally:
+            self._give_back(connection)
 
     def _reader(self) -> sqlite3.Connection:
         with self._lock:
