@@ -34,14 +34,14 @@ from . import idempotency
 from .auth import Principal, authenticate, read_token, require_scope
 from .changes import Change
 from .delivery import DeliveryPool
-from .errors import RateLimited, ServiceError, render_error
+from .errors import InsufficientCredit, RateLimited, ServiceError, render_error
 from .idempotency import Claim, Replay
 from .inputs import AUTHENTICATED, Input, discard_unread_body, read_input
 from .ratelimit import Admission
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
-from .store import Store, Writes, open_store
+from .store import CreditExhausted, Store, TokenExhausted, Writes, open_store
 from .validation import Schemas
 
 
@@ -139,7 +139,16 @@ class MailService:
             limiter.take(tx, admission)
             return earlier
 
-        replay = self.store.write(apply)
+        try:
+            replay = self.store.write(apply)
+        except TokenExhausted:
+            raise limiter.refusal(self.store.reads, admission) from None
+        except CreditExhausted as exc:
+            account = self.store.reads.get_account(caller.account_id)
+            available = account.credits if account else 0
+            raise InsufficientCredit(
+                f"credits: {exc.needed} needed, {available} available"
+            ) from None
         admission.taken = True
         if replay is not None:
             return _replayed(replay)

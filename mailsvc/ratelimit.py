@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from .auth import Principal
 from .errors import RateLimited
-from .store import Caller, Reads, Store, Writes
+from .store import Caller, Reads, Store, TokenExhausted, Writes
 from .store.keys import LAST_USED_PRECISION_SECONDS
 
 SEND = "send"
@@ -59,9 +59,7 @@ class RateLimiter:
         :raises RateLimited: it has none; ``retry_after`` says when it will.
         """
         per_minute = caller.own_limit or self.defaults[group]
-        tokens, updated_at = caller.bucket or (float(per_minute), now)
-        rate = per_minute / 60.0
-        tokens = min(float(per_minute), tokens + max(0.0, now - updated_at) * rate)
+        tokens = _tokens_at(caller, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)
         return Admission(principal, group, per_minute, now)
@@ -69,21 +67,38 @@ class RateLimiter:
     def take(self, tx: Writes, admission: Admission) -> None:
         """Take the request's token, in ``tx``; note that its key was used (once a minute).
 
-        :raises RateLimited: another request took the last token first.
+        :raises TokenExhausted: (from here or from the commit) another request took the last
+            token first; :meth:`refusal` is then the answer.
         """
         principal, now = admission.principal, admission.now
         last_used = principal.last_used_at
         if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
             tx.touch_api_key(principal.key_id, now)
-        take = tx.take_token(principal.account_id, admission.group, admission.per_minute, now)
-        if not take.taken:
-            raise _limited(admission.group, admission.per_minute, take.tokens)
+        tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
 
     def take_alone(self, store: Store, admission: Admission) -> None:
-        """Take the token in a transaction of its own, one that need not wait for the disk."""
+        """Take the token in a transaction of its own, one that need not wait for the disk.
+
+        :raises RateLimited: another request took the last token first.
+        """
         if not admission.taken:
-            store.write(lambda tx: self.take(tx, admission), durable=False)
+            try:
+                store.write(lambda tx: self.take(tx, admission), durable=False)
+            except TokenExhausted:
+                raise self.refusal(store.reads, admission) from None
             admission.taken = True
+
+    def refusal(self, reads: Reads, admission: Admission) -> RateLimited:
+        """The 429 of a request that lost the last token to another: when one is back."""
+        caller = reads.get_caller(admission.principal.key_id, admission.group)
+        tokens = _tokens_at(caller, admission.per_minute, admission.now) if caller else 0.0
+        return _limited(admission.group, admission.per_minute, min(tokens, 0.0))
+
+
+def _tokens_at(caller: Caller, per_minute: int, now: float) -> float:
+    """The caller's bucket as it stands at ``now``, refilled (a bucket never used is full)."""
+    tokens, updated_at = caller.bucket or (float(per_minute), now)
+    return min(float(per_minute), tokens + max(0.0, now - updated_at) * per_minute / 60.0)
 
 
 def _limited(group: str, per_minute: int, tokens: float) -> RateLimited:

@@ -185,7 +185,9 @@ def test_a_write_that_loses_the_last_token_to_a_race_is_429_and_leaves_nothing(c
     def racer(reads, principal, services):
         # While this request prepares, other requests take every token left.
         now = clock()
-        app.store.write(lambda tx: [tx.take_token(principal.account_id, OTHER, 2, now) for _ in "ab"])
+        app.store.write(
+            lambda tx: [tx.spend_token(principal.account_id, OTHER, 2, now) for _ in "ab"]
+        )
 
         def apply(tx):
             tx.create_template("tpl_race", principal.account_id, "race", None, None, "x", now)

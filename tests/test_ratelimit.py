@@ -6,6 +6,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
+from mailsvc.store import TokenExhausted
 
 from .conftest import assert_error, count_by_status, email_body, make_tenant
 from .servers import Gunicorn
@@ -13,19 +14,26 @@ from .servers import Gunicorn
 
 def test_bucket_refills_continuously_up_to_capacity(open_test_store):
     store = open_test_store()
+    store.write(lambda tx: tx.create_account("acc_1", "Bucket", 0, 0.0))
+    store.write(lambda tx: tx.create_api_key("key_1", "acc_1", b"hash", "full", 0.0))
 
     def take(now, times=1):
-        return store.write(
-            lambda tx: [tx.take_token("acc_1", "send", 60, now) for _ in range(times)]
-        )[-1]
+        for _ in range(times):
+            store.write(lambda tx: tx.spend_token("acc_1", "send", 60, now))
+        return store.reads.get_caller("key_1", "send").bucket
 
-    assert take(0.0, times=60) == (True, pytest.approx(0.0))  # a new bucket is full
-    assert take(0.0) == (False, pytest.approx(0.0))
-    assert take(0.5) == (False, pytest.approx(0.5))  # refills at one a second
-    assert take(30.0) == (True, pytest.approx(29.0))
-    assert take(3600.0) == (True, pytest.approx(59.0))  # capped at 60, one taken
-    assert take(3599.0) == (True, pytest.approx(58.0))  # a clock behind adds nothing
-    assert take(3600.0) == (True, pytest.approx(57.0))
+    def refused(now):
+        with pytest.raises(TokenExhausted):
+            take(now)
+        return store.reads.get_caller("key_1", "send").bucket
+
+    assert take(0.0, times=60) == (pytest.approx(0.0), 0.0)  # a new bucket is full
+    assert refused(0.0) == (pytest.approx(0.0), 0.0)  # nothing changes
+    assert refused(0.5) == (pytest.approx(0.0), 0.0)  # refills at one a second: not yet
+    assert take(30.0) == (pytest.approx(29.0), 30.0)
+    assert take(3600.0) == (pytest.approx(59.0), 3600.0)  # capped at 60, one taken
+    assert take(3599.0) == (pytest.approx(58.0), 3600.0)  # a clock behind adds nothing
+    assert take(3600.0) == (pytest.approx(57.0), 3600.0)
 
 
 @pytest.fixture
@@ -59,7 +67,9 @@ def test_retry_after_is_at_least_one_second(config, clock):
     tenant = make_tenant(app)
     client = Client(app)
     later = clock() + 60  # drained a minute from now: nothing refills before then
-    app.store.write(lambda tx: [tx.take_token(tenant.id, "send", 6000, later) for _ in range(6000)])
+    app.store.write(
+        lambda tx: [tx.spend_token(tenant.id, "send", 6000, later) for _ in range(6000)]
+    )
     response = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
     assert response.status_code == 429 and response.headers["Retry-After"] == "1"
 

@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from mailsvc.mail.dkim import new_signing_key
-from mailsvc.store import DomainExists, DomainTaken, NewEmail, Store
+from mailsvc.store import (
+    CreditExhausted,
+    DomainExists,
+    DomainTaken,
+    NewEmail,
+    Store,
+    TokenExhausted,
+)
 
 RACERS = 8
 
@@ -55,9 +62,9 @@ def account(store: Store, credits: int = 0, name: str = "acc_racer") -> str:
 
 def test_credit_is_never_overspent(stores):
     payer = account(stores[0], credits=50)
-    results = race(stores, lambda s, _: s.write(lambda tx: tx.debit_credits(payer, 1)), rounds=20)
-    taken = [balance for balance in results if balance is not None]
-    assert len(taken) == 50 and sorted(taken) == list(range(50))
+    results = race(stores, lambda s, _: s.write(lambda tx: tx.spend_credits(payer, 1)), rounds=20)
+    assert results.count(None) == 50
+    assert all(isinstance(result, CreditExhausted) for result in results if result is not None)
     assert stores[0].reads.get_account(payer).credits == 0
 
 
@@ -71,10 +78,11 @@ def test_a_rate_limit_is_counted_once_for_every_caller(stores):
     per_minute = 40
     results = race(
         stores,
-        lambda s, _: s.write(lambda tx: tx.take_token("acc_1", "send", per_minute, 1000.0)),
+        lambda s, _: s.write(lambda tx: tx.spend_token("acc_1", "send", per_minute, 1000.0)),
         rounds=10,
     )
-    assert sum(1 for take in results if take.taken) == per_minute
+    assert results.count(None) == per_minute
+    assert all(isinstance(result, TokenExhausted) for result in results if result is not None)
 
 
 def test_an_idempotency_key_is_claimed_once(stores):

@@ -18,7 +18,6 @@ from ..changes import Change
 from ..errors import (
     DomainNotVerified,
     Forbidden,
-    InsufficientCredit,
     NotFound,
     ValidationFailed,
 )
@@ -103,17 +102,13 @@ def send_email(
     )
 
     def accept(tx: Writes) -> None:
-        # The account's row is the one every send of the account updates: it is locked last,
-        # so that on PostgreSQL it is held only while the transaction commits.
+        if not tx.is_domain_verified(account_id, domain):
+            raise DomainNotVerified(
+                f"from: sender domain {domain} is not verified for this account"
+            )
         tx.enqueue_email(email)
-        if tx.debit_for_domain(account_id, domain, cost) is None:
-            if not tx.is_domain_verified(account_id, domain):
-                raise DomainNotVerified(
-                    f"from: sender domain {domain} is not verified for this account"
-                )
-            account = tx.get_account(account_id)
-            available = account.credits if account else 0
-            raise InsufficientCredit(f"credits: {cost} needed, {available} available")
+        if cost:
+            tx.spend_credits(account_id, cost)  # CreditExhausted is the dispatcher's 402
 
     return Change(accept, {"id": email_id, "status": statuses.QUEUED}, wakes_delivery=True)
 

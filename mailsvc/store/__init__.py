@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 from .contract import (
+    CreditExhausted,
     DomainExists,
     DomainTaken,
     Reads,
     Store,
     StoreUnavailable,
+    TokenExhausted,
     Writes,
 )
 from .records import (
@@ -25,7 +27,6 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
-    Take,
     Template,
 )
 from .sqlite import SqliteStore
@@ -54,6 +55,7 @@ __all__ = [
     "Account",
     "ApiKey",
     "Caller",
+    "CreditExhausted",
     "Domain",
     "DomainExists",
     "DomainTaken",
@@ -67,8 +69,8 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreUnavailable",
-    "Take",
     "Template",
+    "TokenExhausted",
     "Writes",
     "open_store",
 ]

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from .records import Account, Take
-from .sql import Connection, Dialect
+from collections.abc import Callable
+
+from .contract import CreditExhausted, TokenExhausted
+from .records import Account
+from .sql import Connection, Contended, Dialect
+
+#: The check constraints that refuse an overdraft and a take from an empty bucket.
+CREDITS_CHECK = "accounts_credits_check"
+TOKENS_CHECK = "rate_buckets_tokens_check"
 
 
 class AccountVerbs:
     connection: Connection
     dialect: Dialect
+    contended: Callable[[Contended], None]
 
     # -- accounts and credit -------------------------------------------------------------
 
@@ -33,26 +41,17 @@ class AccountVerbs:
         ).fetchone()
         return row[0] if row else None
 
-    def debit_credits(self, account_id: str, amount: int) -> int | None:
-        # The balance is checked and changed by one statement: there is no moment between the
-        # two in which another debit could spend the same credit.
-        row = self.connection.execute(
-            "UPDATE accounts SET credits = credits - ? WHERE id = ? AND credits >= ? "
-            "RETURNING credits",
-            (amount, account_id, amount),
-        ).fetchone()
-        return row[0] if row else None
-
-    def debit_for_domain(self, account_id: str, domain: str, amount: int) -> int | None:
-        # The balance and the sender domain are checked, and the credit taken, by one
-        # statement: the send path's whole check, in one round trip.
-        row = self.connection.execute(
-            "UPDATE accounts SET credits = credits - ? WHERE id = ? AND credits >= ? "
-            "AND EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
-            "AND verified_at IS NOT NULL) RETURNING credits",
-            (amount, account_id, amount, account_id, domain),
-        ).fetchone()
-        return row[0] if row else None
+    def spend_credits(self, account_id: str, amount: int) -> None:
+        # Unconditional: the table's CHECK (credits >= 0) refuses an overdraft, so that the
+        # statement can travel with the COMMIT (see Writes.spend_credits).
+        self.contended(
+            Contended(
+                "UPDATE accounts SET credits = credits - ? WHERE id = ?",
+                (amount, account_id),
+                CREDITS_CHECK,
+                lambda: CreditExhausted(amount),
+            )
+        )
 
     # -- rate limits ---------------------------------------------------------------------
 
@@ -70,27 +69,20 @@ class AccountVerbs:
         )
         return {group: per_minute for group, per_minute in rows}
 
-    def take_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> Take:
+    def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
         # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The
-        # refill, the take and the answer are one upsert: every SET sees the row as it was.
+        # refill and the take are one upsert (every SET sees the row as it was), and the
+        # table's CHECK (tokens >= 0) refuses a take from an empty bucket.
         least, greatest = self.dialect.least, self.dialect.greatest
         refill = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
-        capacity, rate = float(per_minute), per_minute / 60.0
-        row = self.connection.execute(
-            f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at, taken) "
-            f"VALUES (?, ?, ?, ?, 1) ON CONFLICT (account_id, route_group) DO UPDATE SET "
-            f"tokens = CASE WHEN {refill} >= 1 THEN {refill} - 1 ELSE {refill} END, "
-            f"taken = CASE WHEN {refill} >= 1 THEN 1 ELSE 0 END, "
-            f"updated_at = {greatest}(rate_buckets.updated_at, ?) "
-            f"RETURNING tokens, taken",
-            (
-                account_id,
-                route_group,
-                capacity - 1.0,
-                now,
-                *(capacity, now, rate) * 4,
-                now,
-            ),
-        ).fetchone()
-        assert row is not None
-        return Take(bool(row[1]), float(row[0]))
+        capacity = float(per_minute)
+        self.contended(
+            Contended(
+                f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
+                f"VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE SET "
+                f"tokens = {refill} - 1, updated_at = {greatest}(rate_buckets.updated_at, ?)",
+                (account_id, route_group, capacity - 1.0, now, capacity, now, capacity / 60, now),
+                TOKENS_CHECK,
+                TokenExhausted,
+            )
+        )

@@ -30,7 +30,6 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
-    Take,
     Template,
 )
 
@@ -47,6 +46,18 @@ class DomainExists(Exception):
 
 class StoreUnavailable(Exception):
     """The store cannot be reached or used (a bad URL, a server that is down)."""
+
+
+class CreditExhausted(Exception):
+    """Spending ``needed`` credits would take the balance below zero: nothing was spent."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(f"{needed} credits needed")
+        self.needed = needed
+
+
+class TokenExhausted(Exception):
+    """The rate-limit bucket has no token left: none was taken."""
 
 
 class Reads(Protocol):
@@ -139,24 +150,30 @@ class Writes(Reads, Protocol):
         None for an unknown account. Concurrent calls all count."""
         ...
 
-    def debit_credits(self, account_id: str, amount: int) -> int | None:
-        """Take ``amount`` if the balance covers it, in one conditional update; the balance left,
-        or None (nothing taken). However many debits run at once, their sum never exceeds the
-        balance: credit is never overspent."""
-        ...
+    def spend_credits(self, account_id: str, amount: int) -> None:
+        """Take ``amount`` of the account's credit, in one update that a constraint refuses
+        below zero: however many run at once, their sum never exceeds the balance, and credit
+        is never overspent.
 
-    def debit_for_domain(self, account_id: str, domain: str, amount: int) -> int | None:
-        """As :meth:`debit_credits`, only if the account also has ``domain`` verified: both
-        checked, and the credit taken, in one conditional update. None: nothing taken (the
-        caller reads again to say which of the two was missing)."""
+        The account's row is one that every send of the account updates. Where the backend
+        can (PostgreSQL), this statement is held back to the end of the transaction and sent
+        with its ``COMMIT``, so that the row is locked only while the server commits, never
+        while the client takes its turn: then the refusal comes from :meth:`Store.write`.
+
+        :raises CreditExhausted: here or when the transaction commits; nothing of it stands.
+        """
         ...
 
     def set_rate_limit(self, account_id: str, route_group: str, per_minute: int) -> None: ...
 
-    def take_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> Take:
-        """Refill the account's bucket for the group up to ``now`` and take one token if there is
-        one, in one statement: every worker and host draws on the same bucket, and no two
-        requests take the same token."""
+    def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
+        """Refill the account's bucket for the group up to ``now`` and take one token, in one
+        statement that a constraint refuses when there is none: every worker and host draws on
+        the same bucket, and no two requests take the same token. Held back to the commit as
+        :meth:`spend_credits` is, for the same reason.
+
+        :raises TokenExhausted: here or when the transaction commits; nothing of it stands.
+        """
         ...
 
     # -- API keys ------------------------------------------------------------------------

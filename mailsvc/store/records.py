@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..mail.dkim import SigningKey
 
@@ -148,10 +148,3 @@ class Caller:
     key: ApiKey
     own_limit: int | None
     bucket: tuple[float, float] | None  # (tokens, updated_at)
-
-
-class Take(NamedTuple):
-    """A rate-limit bucket after a request: whether it took a token, and the tokens left."""
-
-    taken: bool
-    tokens: float

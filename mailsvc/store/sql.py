@@ -43,10 +43,27 @@ class Dialect:
     skip_locked: str
     #: The name of the unique constraint an integrity error reports, or None for another error.
     unique_violation: Callable[[BaseException], str | None]
+    #: The name of the check constraint an integrity error reports, or None.
+    check_violation: Callable[[BaseException], str | None]
     #: JSON text (encoded by the caller, outside any lock) as a statement parameter for a JSON
     #: column, and such a column's value read back as Python data.
     json_param: Callable[[str], Any]
     from_json: Callable[[Any], Any]
+    #: Statements on rows that every request of an account updates are held back to the end
+    #: of the transaction and sent with its COMMIT (PostgreSQL). Else they run at once (SQLite,
+    #: where one writer at a time holds the whole database anyway).
+    holds_back_contended: bool = False
+
+
+@dataclass(frozen=True)
+class Contended:
+    """A statement on a contended row, refused by a check constraint when a rule would break:
+    ``refusal()`` is then what the caller gets."""
+
+    sql: str
+    params: tuple[Any, ...]
+    constraint: str
+    refusal: Callable[[], Exception]
 
 
 def marks(count: int) -> str:

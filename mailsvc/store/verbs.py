@@ -11,7 +11,7 @@ from .idempotency import IdempotencyVerbs
 from .keys import KeyVerbs
 from .queue import QueueVerbs
 from .secrets import SecretVerbs
-from .sql import Connection, Dialect
+from .sql import Connection, Contended, Dialect
 from .templates import TemplateVerbs
 
 
@@ -23,6 +23,20 @@ class SqlVerbs(
     def __init__(self, connection: Connection, dialect: Dialect) -> None:
         self.connection = connection
         self.dialect = dialect
+        #: Contended statements held back for the commit (see :class:`Dialect`).
+        self.held_back: list[Contended] = []
+
+    def contended(self, statement: Contended) -> None:
+        """Run ``statement`` now, or hold it back for the commit where the backend does."""
+        if self.dialect.holds_back_contended:
+            self.held_back.append(statement)
+            return
+        try:
+            self.connection.execute(statement.sql, statement.params)
+        except Exception as exc:
+            if self.dialect.check_violation(exc) == statement.constraint:
+                raise statement.refusal() from None
+            raise
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

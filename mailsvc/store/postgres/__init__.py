@@ -27,12 +27,12 @@ from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import errors
+from psycopg import errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..contract import Reads, StoreUnavailable, Writes, each_read
-from ..sql import Dialect
+from ..sql import Contended, Dialect
 from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
@@ -49,14 +49,22 @@ def _unique_violation(exc: BaseException) -> str | None:
     return None
 
 
+def _check_violation(exc: BaseException) -> str | None:
+    if isinstance(exc, errors.CheckViolation):
+        return exc.diag.constraint_name
+    return None
+
+
 DIALECT = Dialect(
     name="postgresql",
     least="LEAST",
     greatest="GREATEST",
     skip_locked=" FOR UPDATE SKIP LOCKED",
     unique_violation=_unique_violation,
+    check_violation=_check_violation,
     json_param=lambda text: text,  # psycopg sends text untyped; the jsonb column parses it
     from_json=lambda value: value,  # psycopg reads jsonb as Python data
+    holds_back_contended=True,
 )
 
 
@@ -138,16 +146,16 @@ class PostgresStore:
             with self._connections().connection() as connection:
                 connection.execute(begin)
                 try:
-                    result = job(SqlVerbs(_Connection(connection), DIALECT))
-                    connection.execute("COMMIT")
+                    verbs = SqlVerbs(_Connection(connection), DIALECT)
+                    result = job(verbs)
+                    _commit(connection, verbs.held_back)
                     return result
                 except (errors.DeadlockDetected, errors.SerializationFailure):
-                    connection.execute("ROLLBACK")
+                    _roll_back(connection)
                     if attempt == _RETRIES:
                         raise
                 except BaseException:
-                    if not connection.closed:
-                        connection.execute("ROLLBACK")
+                    _roll_back(connection)
                     raise
             time.sleep(random.uniform(0, 0.01 * 2**attempt))
         raise AssertionError("unreachable")
@@ -235,6 +243,33 @@ class PostgresStore:
             pool.close()
             raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
         return pool
+
+
+def _commit(connection: psycopg.Connection[Any], held_back: Sequence[Contended]) -> None:
+    """COMMIT, with the statements held back on contended rows sent in the same message, so
+    that those rows are locked only while the server runs them and commits."""
+    if not held_back:
+        connection.execute("COMMIT")
+        return
+    try:
+        with connection.pipeline():
+            cursor = connection.cursor()
+            # Nothing prepared here: a PREPARE in a pipeline that then fails is skipped by the
+            # server, while psycopg counts it as done (and uses it the next time).
+            for statement in held_back:
+                cursor.execute(_placeholders(statement.sql), statement.params, prepare=False)
+            connection.execute("COMMIT", prepare=False)
+    except errors.CheckViolation as exc:
+        _roll_back(connection)
+        for statement in held_back:
+            if statement.constraint == exc.diag.constraint_name:
+                raise statement.refusal() from None
+        raise
+
+
+def _roll_back(connection: psycopg.Connection[Any]) -> None:
+    if not connection.closed and connection.info.transaction_status != pq.TransactionStatus.IDLE:
+        connection.execute("ROLLBACK")
 
 
 def migrate(connection: psycopg.Connection[Any]) -> list[int]:

@@ -29,21 +29,27 @@ from .writer import Writer
 
 Result = TypeVar("Result")
 
-#: SQLite names a failed unique constraint by its columns; the verbs know it by name.
+#: SQLite names a failed constraint by its columns or expression, unless it has a name; the
+#: verbs know every constraint by name.
 _CONSTRAINTS = {
     "domains.name": "domains_verified_once",
     "domains.account_id, domains.name": "domains_account_name",
+    "credits >= 0": "accounts_credits_check",
 }
 _UNIQUE_FAILED = "UNIQUE constraint failed: "
+_CHECK_FAILED = "CHECK constraint failed: "
 #: Idle read connections kept open per process.
 _IDLE_READERS = 8
 
 
-def _unique_violation(exc: BaseException) -> str | None:
-    if isinstance(exc, sqlite3.IntegrityError) and str(exc).startswith(_UNIQUE_FAILED):
-        columns = str(exc).removeprefix(_UNIQUE_FAILED)
-        return _CONSTRAINTS.get(columns, columns)
-    return None
+def _violation(prefix: str) -> Callable[[BaseException], str | None]:
+    def violated(exc: BaseException) -> str | None:
+        if isinstance(exc, sqlite3.IntegrityError) and str(exc).startswith(prefix):
+            named = str(exc).removeprefix(prefix)
+            return _CONSTRAINTS.get(named, named)
+        return None
+
+    return violated
 
 
 DIALECT = Dialect(
@@ -51,7 +57,8 @@ DIALECT = Dialect(
     least="min",
     greatest="max",
     skip_locked="",  # one writer at a time: nothing to skip
-    unique_violation=_unique_violation,
+    unique_violation=_violation(_UNIQUE_FAILED),
+    check_violation=_violation(_CHECK_FAILED),
     json_param=lambda text: text,
     from_json=json.loads,
 )
