@@ -38,6 +38,8 @@ from ..verbs import SqlVerbs
 Result = TypeVar("Result")
 
 CHANNEL = "mailsvc_mail"
+#: The least time between two announcements of new mail from one process.
+ANNOUNCE_EVERY_SECONDS = 0.05
 #: Times a job is run again after a deadlock or a serialization failure.
 _RETRIES = 5
 _CONNECT_SECONDS = 10.0
@@ -162,8 +164,8 @@ class PostgresStore:
 
     def announce_mail(self) -> None:
         """Ask this process's announcer thread to ``NOTIFY`` every host. Announcements made
-        while one is on its way are sent as one: a busy process sends a few a second at
-        most, and no transaction that queues mail takes PostgreSQL's notify lock."""
+        while one is on its way, or within :data:`ANNOUNCE_EVERY_SECONDS` of it, are sent as
+        one, and no transaction that queues mail takes PostgreSQL's notify lock."""
         self._announce.set()
         if self._announcer is None or not self._announcer.is_alive():
             with self._lock:
@@ -181,6 +183,9 @@ class PostgresStore:
                     connection.execute(f"NOTIFY {CHANNEL}")
             except Exception:  # the others poll meanwhile
                 time.sleep(1.0)
+            # What is queued meanwhile goes with the next announcement: a few a second at
+            # most, however busy the process (its own delivery is woken directly).
+            time.sleep(ANNOUNCE_EVERY_SECONDS)
 
     def wait_for_mail(self, timeout: float) -> bool:
         """Wait for a ``NOTIFY`` of new mail from any host (one listening connection per
