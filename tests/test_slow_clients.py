@@ -80,25 +80,34 @@ def test_a_dozen_slow_and_a_dozen_idle_clients_leave_the_bare_deployment_answeri
     assert max(seconds for seconds, _, _ in answers) < 2.0, answers
 
 
+@contextmanager
+def behind_nginx(
+    settings: dict[str, str], workers: int, folder
+) -> Iterator[tuple[Gunicorn, Nginx]]:
+    """gunicorn with the shipped nginx configuration in front of it; both stopped after."""
+    server = Gunicorn(settings, workers=workers).start()
+    try:
+        proxy = Nginx(server.port, folder).start()
+        try:
+            yield server, proxy
+        finally:
+            proxy.stop()
+    finally:
+        if server.process is not None and server.process.poll() is None:
+            server.stop()
+
+
 @needs_nginx
 def test_behind_nginx_slow_clients_never_reach_gunicorn(served_tenant, tmp_path):
     path, _, _, headers = served_tenant
     # Two threads in all: without nginx, two slow clients would stop everything.
-    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_THREADS": "1"}, workers=2).start()
-    try:
-        proxy = Nginx(server.port, tmp_path / "nginx").start()
-    except BaseException:
-        server.stop()
-        raise
-    try:
+    settings = {"MAILSVC_DATABASE": path, "MAILSVC_THREADS": "1"}
+    with behind_nginx(settings, 2, tmp_path / "nginx") as (_, proxy):
         with hostile_clients(proxy.port, slow=40, idle=40):
             answers = [timed(proxy.port, "GET", "/v1/account", headers=headers) for _ in range(10)]
             answers += [
                 timed(proxy.port, "POST", "/v1/emails", email_body(), headers) for _ in range(5)
             ]
-    finally:
-        proxy.stop()
-        server.stop()
     assert [status for _, status, _ in answers] == [200] * 15, answers
     assert answers[-1][2]["status"] == "queued"
     assert max(seconds for seconds, _, _ in answers) < 2.0, answers
@@ -107,23 +116,15 @@ def test_behind_nginx_slow_clients_never_reach_gunicorn(served_tenant, tmp_path)
 @needs_nginx
 def test_nginx_answers_its_own_errors_in_the_json_format(served_tenant, tmp_path):
     path, _, _, headers = served_tenant
-    server = Gunicorn({"MAILSVC_DATABASE": path}, workers=1).start()
-    try:
-        proxy = Nginx(server.port, tmp_path / "nginx").start()
-    except BaseException:
-        server.stop()
-        raise
-    try:
+    with behind_nginx({"MAILSVC_DATABASE": path}, 1, tmp_path / "nginx") as (server, proxy):
         big = email_body(text="x" * 2_000_000)
         too_large = request(proxy.port, "POST", "/v1/emails", big, headers)
         from_mailsvc = request(proxy.port, "POST", "/v1/emails", {"from": 1}, headers)
         with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
             raw.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             malformed = raw.recv(4096).decode()
-    finally:
         server.stop()
-    down = request(proxy.port, "GET", "/v1/account", headers=headers)  # gunicorn is gone
-    proxy.stop()
+        down = request(proxy.port, "GET", "/v1/account", headers=headers)  # gunicorn is gone
     assert too_large == (
         413,
         {

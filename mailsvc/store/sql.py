@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any, Protocol
 
 
@@ -64,6 +66,16 @@ class Contended:
     params: tuple[Any, ...]
     constraint: str
     refusal: Callable[[], Exception]
+
+
+def migration_scripts(backend: str) -> list[Traversable]:
+    """The backend's migrations (``migrations/<backend>/NNNN_*.sql``), in the order they run:
+    both backends number theirs alike, so a number means the same schema on either."""
+    folder = resources.files("mailsvc.store").joinpath("migrations", backend)
+    return sorted(
+        (entry for entry in folder.iterdir() if entry.name.endswith(".sql")),
+        key=lambda entry: entry.name,
+    )
 
 
 def marks(count: int) -> str:

@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
@@ -32,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..contract import Reads, StoreUnavailable, Writes, each_read
-from ..sql import Contended, Dialect
+from ..sql import Contended, Dialect, migration_scripts
 from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
@@ -280,16 +279,7 @@ def _roll_back(connection: psycopg.Connection[Any]) -> None:
 def migrate(connection: psycopg.Connection[Any]) -> list[int]:
     """Apply the migrations the schema has not seen, in order, each in its own transaction,
     under an advisory lock (per schema); the numbers this call applied."""
-    scripts = sorted(
-        (
-            entry
-            for entry in resources.files("mailsvc.store")
-            .joinpath("migrations", "postgres")
-            .iterdir()
-            if entry.name.endswith(".sql")
-        ),
-        key=lambda entry: entry.name,
-    )
+    scripts = migration_scripts("postgres")
     lock = "SELECT pg_advisory_lock(hashtext('mailsvc migrations ' || current_schema()))"
     connection.execute(lock)
     applied = []

@@ -18,12 +18,11 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
 from ..contract import Reads, Writes, each_read
-from ..sql import Dialect
+from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
 from .writer import Writer
 
@@ -197,16 +196,7 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
     with _migrated_lock:
         if marker in _migrated:
             return
-        scripts = sorted(
-            (
-                entry
-                for entry in resources.files("mailsvc.store")
-                .joinpath("migrations", "sqlite")
-                .iterdir()
-                if entry.name.endswith(".sql")
-            ),
-            key=lambda entry: entry.name,
-        )
+        scripts = migration_scripts("sqlite")
         lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
