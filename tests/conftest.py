@@ -70,6 +70,24 @@ class Tenant:
         return {"Authorization": f"Bearer {self.key}"}
 
 
+@pytest.fixture(autouse=True)
+def apps_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every app a test builds is stopped after it (its delivery, its store's connections),
+    whether the test stopped it or not: on PostgreSQL each would otherwise keep connections
+    open for the rest of the run."""
+    built: list[MailService] = []
+    build = MailService.__init__
+
+    def recorded(self: MailService, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(MailService, "__init__", recorded)
+    yield
+    for app in built:
+        app.stop(timeout=5)
+
+
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[str]:
     """The URL of a database of this test run's own, dropped when the run ends."""

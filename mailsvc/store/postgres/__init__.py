@@ -177,6 +177,8 @@ class PostgresStore:
     def _announce_loop(self) -> None:
         while self._announce.wait():
             self._announce.clear()
+            if self._pool is None:  # shut down: the next announcement starts a new loop
+                return
             try:
                 with self._connections().connection() as connection:
                     connection.execute(f"NOTIFY {CHANNEL}")
@@ -205,6 +207,7 @@ class PostgresStore:
         with self._lock:
             pool, listener, pid = self._pool, self._listener, self._pid
             self._pool, self._listener, self._pid = None, None, None
+        self._announce.set()  # the announcer, if any, sees the store shut and ends
         if pid == os.getpid():
             if pool is not None:
                 pool.close()
