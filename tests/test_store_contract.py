@@ -116,25 +116,32 @@ def test_an_expired_idempotency_key_is_claimed_again_once(stores):
 
 def test_due_mail_is_claimed_by_one_claimer_each(stores):
     owner = account(stores[0])
+    key = new_signing_key(1024)
+    stores[0].write(
+        lambda tx: tx.add_domain("dom_1", owner, "verified.test", True, key, 0.0, "token")
+    )
 
     def enqueue(tx: Any) -> None:
         for number in range(60):
-            tx.enqueue_email(
-                NewEmail(
-                    f"em_{number}",
-                    owner,
-                    None,
-                    "a@verified.test",
-                    ("b@example.org",),
-                    "s",
-                    None,
-                    "t",
-                    None,
-                    None,
-                    None,
-                    f"<em_{number}@verified.test>",
-                    100.0,
+            assert (
+                tx.enqueue_email(
+                    NewEmail(
+                        f"em_{number}",
+                        owner,
+                        None,
+                        "a@verified.test",
+                        ("b@example.org",),
+                        "s",
+                        None,
+                        "t",
+                        None,
+                        None,
+                        None,
+                        f"<em_{number}@verified.test>",
+                        100.0,
+                    )
                 )
+                is not None
             )
 
     stores[0].write(enqueue)
@@ -195,3 +202,17 @@ def test_a_revoked_key_is_refused_by_every_store_at_once(stores):
 def test_every_process_gets_the_same_service_secret(stores):
     results = race(stores, lambda s, n: s.write(lambda tx: tx.service_secret("x", bytes([n]) * 16)))
     assert len(set(results)) == 1
+
+
+def test_mail_is_queued_only_from_a_verified_domain_of_its_account(stores):
+    owner, other = account(stores[0], name="acc_owner"), account(stores[0], name="acc_other")
+    key = new_signing_key(1024)
+    stores[0].write(lambda tx: tx.add_domain("dom_1", other, "theirs.test", True, key, 0.0, "t"))
+    stores[0].write(lambda tx: tx.add_domain("dom_2", owner, "pending.test", False, key, 0.0, "t"))
+    for sender in ("a@theirs.test", "a@pending.test", "a@nowhere.test"):
+        email = NewEmail(
+            "em_x", owner, None, sender, ("b@example.org",), "s", None, "t", None, None, None,
+            "<em_x@x>", 1.0,
+        )  # fmt: skip
+        assert stores[0].write(lambda tx, email=email: tx.enqueue_email(email)) is None
+    assert stores[0].reads.count_emails_by_status() == {}

@@ -102,11 +102,10 @@ def send_email(
     )
 
     def accept(tx: Writes) -> None:
-        if not tx.is_domain_verified(account_id, domain):
+        if tx.enqueue_email(email) is None:
             raise DomainNotVerified(
                 f"from: sender domain {domain} is not verified for this account"
             )
-        tx.enqueue_email(email)
         if cost:
             tx.spend_credits(account_id, cost)  # CreditExhausted is the dispatcher's 402
 

@@ -247,9 +247,11 @@ class Writes(Reads, Protocol):
 
     # -- the queue -----------------------------------------------------------------------
 
-    def enqueue_email(self, email: NewEmail) -> int:
-        """Queue an accepted email with its recipients; its sequence number. (Its timeline
-        begins with its acceptance, ``created_at``: not an event row of its own.)"""
+    def enqueue_email(self, email: NewEmail) -> int | None:
+        """Queue an accepted email with its recipients, if its account has the sender's domain
+        verified (checked by the insert itself); its sequence number, or None and nothing
+        written. (Its timeline begins with its acceptance, ``created_at``: not an event row of
+        its own.)"""
         ...
 
     def claim_due(

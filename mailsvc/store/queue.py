@@ -16,11 +16,13 @@ from .sql import marks
 
 
 class QueueVerbs(HistoryVerbs):
-    def enqueue_email(self, email: NewEmail) -> int:
+    def enqueue_email(self, email: NewEmail) -> int | None:
+        # The sender domain is checked by the insert itself: one statement, one round trip.
         row = self.connection.execute(
             "INSERT INTO emails (id, account_id, status, sender_name, sender_address, reply_to, "
             "subject, html, text, template_id, variables, message_id, created_at, due_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+            "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM domains "
+            "WHERE account_id = ? AND name = ? AND verified_at IS NOT NULL) RETURNING seq",
             (
                 email.id,
                 email.account_id,
@@ -36,9 +38,12 @@ class QueueVerbs(HistoryVerbs):
                 email.message_id,
                 email.created_at,
                 email.created_at,
+                email.account_id,
+                email.sender_address.rpartition("@")[2],
             ),
         ).fetchone()
-        assert row is not None
+        if row is None:
+            return None
         seq: int = row[0]
         values: list[object] = []
         for position, address in enumerate(email.recipients):
