@@ -27,3 +27,13 @@ def test_wheel_contains_schemas_and_migrations(tmp_path):
     assert migrations and migrations <= names
     modules = {str(path.relative_to(ROOT)) for path in (ROOT / "mailsvc").rglob("*.py")}
     assert modules <= names, modules - names  # no package left out of setup.cfg
+
+
+def test_a_worker_loads_jinja2_and_psycopg_only_when_it_needs_them():
+    """Importing the app (what every gunicorn worker does) loads neither: a worker that never
+    renders a template, or runs on SQLite, does not pay their memory."""
+    code = "import sys, mailsvc.wsgi; print(sorted({'jinja2', 'psycopg'} & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationFailed
-from .sandbox import Budget, RenderLimit
+from .budget import Budget, RenderLimit
 
 if TYPE_CHECKING:
     from jinja2 import nodes
@@ -122,7 +122,7 @@ def _render_part(
     budget: Budget,
     limits: TemplateLimits,
 ) -> str:
-    from .sandbox import run_with
+    from .budget import run_with
 
     def stream() -> str:
         chunks, size = [], 0

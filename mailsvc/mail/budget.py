@@ -1,0 +1,78 @@
+"""What one render may spend, and the render running in this thread (no Jinja2 here: importing
+this costs nothing, so a worker that never renders a template never loads Jinja2)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+#: A render gives up the GIL after this much of its own CPU time.
+YIELD_EVERY_SECONDS = 0.001
+
+
+class RenderLimit(Exception):
+    """A render went over one of its limits; the message names it."""
+
+
+@dataclass
+class Budget:
+    """What one render may still spend: CPU time (``time.thread_time`` deadline) and text."""
+
+    cpu_deadline: float
+    cpu_limit_ms: int
+    chars_left: int
+    chars_limit: int
+    next_yield: float = 0.0
+
+    def tick(self) -> None:
+        now = time.thread_time()
+        if now > self.cpu_deadline:
+            raise RenderLimit(
+                f"the template used more than {self.cpu_limit_ms} ms of CPU "
+                f"(MAILSVC_TEMPLATE_RENDER_CPU_MS)"
+            )
+        if now > self.next_yield:
+            # Let the process's other threads have the GIL: each of their SQLite calls gives it
+            # up and must get it back, and would otherwise wait for the switch interval (5 ms)
+            # every time, so one busy render would slow every other request of its worker.
+            self.next_yield = now + YIELD_EVERY_SECONDS
+            time.sleep(0)
+
+    def charge(self, size: int) -> None:
+        self.chars_left -= size
+        if self.chars_left < 0:
+            raise RenderLimit(
+                f"the template made more than {self.chars_limit} characters of text while "
+                f"rendering (8 times MAILSVC_TEMPLATE_MAX_OUTPUT_CHARS)"
+            )
+
+    def afford(self, size: int) -> None:
+        """Refuse, before doing it, a step that would make ``size`` characters."""
+        if size > self.chars_left:
+            self.charge(size)
+
+
+_BUDGET: ContextVar[Budget | None] = ContextVar("mailsvc_render_budget", default=None)
+
+
+def budget() -> Budget:
+    """The budget of the render running in this thread.
+
+    :raises RenderLimit: none is running: the template is being compiled, and nothing of it
+        may be evaluated then (Jinja then leaves the expression to run time).
+    """
+    current = _BUDGET.get()
+    if current is None:
+        raise RenderLimit("not evaluated at compile time")
+    return current
+
+
+def run_with(limits: Budget, work: Callable[[], Any]) -> Any:
+    token = _BUDGET.set(limits)
+    try:
+        return work()
+    finally:
+        _BUDGET.reset(token)
