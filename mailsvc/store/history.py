@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .records import EmailFilter, EmailRecord, Event, Recipient
@@ -18,6 +18,7 @@ EMAIL_COLUMNS = (
 class HistoryVerbs:
     connection: Connection
     dialect: Dialect
+    run: Callable[..., None]
 
     def add_event(
         self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
@@ -33,7 +34,7 @@ class HistoryVerbs:
         for type, detail in events:
             encoded = json.dumps(detail) if detail is not None else None
             values += [email_seq, at, type, self.dialect.json_param(encoded) if encoded else None]
-        self.connection.execute(
+        self.run(
             "INSERT INTO events (email_seq, at, type, detail) VALUES "
             + ", ".join(["(?, ?, ?, ?)"] * len(events)),
             values,

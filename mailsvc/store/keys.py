@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .records import ApiKey, Caller
@@ -19,6 +19,7 @@ LAST_USED_PRECISION_SECONDS = 60.0
 
 class KeyVerbs:
     connection: Connection
+    run: Callable[..., None]
 
     def create_api_key(
         self,
@@ -75,7 +76,7 @@ class KeyVerbs:
         return cursor.rowcount == 1
 
     def touch_api_key(self, key_id: str, now: float) -> None:
-        self.connection.execute(
+        self.run(
             "UPDATE api_keys SET last_used_at = ? WHERE id = ? "
             "AND (last_used_at IS NULL OR last_used_at < ?)",
             (now, key_id, now - LAST_USED_PRECISION_SECONDS),

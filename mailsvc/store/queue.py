@@ -48,7 +48,7 @@ class QueueVerbs(HistoryVerbs):
         values: list[object] = []
         for position, address in enumerate(email.recipients):
             values += [seq, position, address, statuses.QUEUED]
-        self.connection.execute(
+        self.run(
             "INSERT INTO recipients (email_seq, position, address, status) VALUES "
             + ", ".join(["(?, ?, ?, ?)"] * len(email.recipients)),
             values,
@@ -108,14 +108,12 @@ class QueueVerbs(HistoryVerbs):
         if row is None:
             return False
         recipients = list(recipients)
-        self.connection.executemany(
-            "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
-            "WHERE email_seq = ? AND position = ?",
-            [
-                (r.status, r.smtp_code, r.enhanced_code, r.reply, seq, position)
-                for position, r in recipients
-            ],
-        )
+        for position, r in recipients:
+            self.run(
+                "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
+                "WHERE email_seq = ? AND position = ?",
+                (r.status, r.smtp_code, r.enhanced_code, r.reply, seq, position),
+            )
         replies = [
             {
                 "address": r.address,

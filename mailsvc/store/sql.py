@@ -9,7 +9,7 @@ constraint an integrity error names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -32,8 +32,6 @@ class Connection(Protocol):
 
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
 
-    def executemany(self, sql: str, params: Iterable[Sequence[Any]], /) -> Any: ...
-
 
 @dataclass(frozen=True)
 class Dialect:
@@ -55,6 +53,9 @@ class Dialect:
     #: of the transaction and sent with its COMMIT (PostgreSQL). Else they run at once (SQLite,
     #: where one writer at a time holds the whole database anyway).
     holds_back_contended: bool = False
+    #: Statements whose result is not read wait, and travel with the next statement that needs
+    #: an answer (PostgreSQL's pipeline); else they run at once.
+    queues_statements: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .accounts import AccountVerbs
 from .domains import DomainVerbs
@@ -25,6 +26,14 @@ class SqlVerbs(
         self.dialect = dialect
         #: Contended statements held back for the commit (see :class:`Dialect`).
         self.held_back: list[Contended] = []
+
+    def run(self, sql: str, params: Any = ()) -> None:
+        """A statement whose result is not read (it refuses nothing a caller handles): it may
+        wait, and travel with the next statement that needs an answer."""
+        if self.dialect.queues_statements:
+            self.connection.queue(sql, params)  # type: ignore[attr-defined]
+        else:
+            self.connection.execute(sql, params)
 
     def contended(self, statement: Contended) -> None:
         """Run ``statement`` now, or hold it back for the commit where the backend does."""

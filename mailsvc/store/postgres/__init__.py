@@ -66,6 +66,7 @@ DIALECT = Dialect(
     json_param=lambda text: text,  # psycopg sends text untyped; the jsonb column parses it
     from_json=lambda value: value,  # psycopg reads jsonb as Python data
     holds_back_contended=True,
+    queues_statements=True,
 )
 
 
@@ -88,23 +89,30 @@ class _Connection:
         self._connection = connection
         self._cursor = connection.cursor()
         self.begin = begin
+        self.queued: list[tuple[str, Any]] = []
+
+    def queue(self, sql: str, params: Any = (), /) -> None:
+        self.queued.append((sql, params))
 
     def execute(self, sql: str, params: Any = (), /) -> Any:
-        if not self.begin:
+        if not self.begin and not self.queued:
             return self._cursor.execute(_placeholders(sql), params)
+        # After a statement that could fail in the same pipeline, nothing may be prepared: the
+        # server skips a PREPARE there, while psycopg counts it as done.
+        prepare = None if not self.queued else False
         with self._connection.pipeline():
-            self.open()
-            return self._cursor.execute(_placeholders(sql), params)
+            self.send_waiting()
+            return self._cursor.execute(_placeholders(sql), params, prepare=prepare)
 
-    def open(self) -> None:
-        """Send the statements that open the transaction, if no statement has yet."""
+    def send_waiting(self) -> None:
+        """Send what opens the transaction and the queued statements (inside a pipeline, they
+        travel in one message with what follows)."""
         begin, self.begin = self.begin, ()
         for statement in begin:
             self._connection.execute(statement, prepare=False)
-
-    def executemany(self, sql: str, params: Any, /) -> Any:
-        self._cursor.executemany(_placeholders(sql), list(params))
-        return self._cursor
+        queued, self.queued = self.queued, []
+        for sql, params in queued:
+            self._cursor.execute(_placeholders(sql), params, prepare=False)
 
     def copy_rows(self, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
         """Rows into a table with ``COPY`` (for moving a whole store)."""
@@ -164,8 +172,7 @@ class PostgresStore:
                     opened = _Connection(connection, begin)
                     verbs = SqlVerbs(opened, DIALECT)
                     result = job(verbs)
-                    opened.open()  # a job that ran no statement still commits its held-back ones
-                    _commit(connection, verbs.held_back)
+                    _commit(opened, verbs.held_back)
                     return result
                 except (errors.DeadlockDetected, errors.SerializationFailure):
                     _roll_back(connection)
@@ -268,14 +275,17 @@ class PostgresStore:
         return pool
 
 
-def _commit(connection: psycopg.Connection[Any], held_back: Sequence[Contended]) -> None:
-    """COMMIT, with the statements held back on contended rows sent in the same message, so
-    that those rows are locked only while the server runs them and commits."""
-    if not held_back:
+def _commit(opened: _Connection, held_back: Sequence[Contended]) -> None:
+    """COMMIT, in one message with whatever still waits (what opens the transaction, queued
+    statements) and the statements held back on contended rows, so that those rows are locked
+    only while the server runs them and commits."""
+    connection = opened._connection
+    if not held_back and not opened.queued and not opened.begin:
         connection.execute("COMMIT")
         return
     try:
         with connection.pipeline():
+            opened.send_waiting()
             cursor = connection.cursor()
             # Nothing prepared here: a PREPARE in a pipeline that then fails is skipped by the
             # server, while psycopg counts it as done (and uses it the next time).
