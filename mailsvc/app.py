@@ -6,7 +6,8 @@ before the caller is known:
 1. route (404/405);
 2. API key (401) and rate limit (429): one read of the store (none for a malformed header)
    finds the key and the state of its bucket;
-3. input (400/413/415): only now is the body read, and parsed strictly;
+3. input (400/413/415): only now is the body read, and parsed strictly (a body over the
+   ordinary limit first needs one of the process's few places for large bodies: 429/503);
 4. key scope (403);
 5. idempotency key: a finished request's answer is replayed (422 for another request with the
    same key);
@@ -105,6 +106,14 @@ class MailService:
         return self.services.limiter.admit(caller, principal, endpoint.rate_group, now)
 
     def _respond(
+        self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
+    ) -> Response:
+        if not endpoint.large_body:
+            return self._handle(request, endpoint, matched, admission)
+        with self.services.large_bodies.place(admission.principal.account_id, request.environ):
+            return self._handle(request, endpoint, matched, admission)
+
+    def _handle(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
         limiter, caller = self.services.limiter, admission.principal

@@ -46,19 +46,34 @@ class Input:
 
 
 def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings: Settings) -> Input:
-    """:raises ServiceError: 400, 413 or 415, naming the field and the rule."""
+    """:raises ServiceError: 400, 413 or 415, naming the field and the rule: every problem of
+    the input at once (the schema's, then the parser's)."""
     if endpoint.schema is None:
         return Input()
     from_query = request.method in ("GET", "HEAD")
     if from_query:
         document: Any = _query(request)
     else:
-        document = _body(request, settings.max_body_bytes)
-    # A null optional field means the field is absent, as most JSON clients send it.
-    present = {key: value for key, value in document.items() if value is not None}
-    schemas.validate(endpoint.schema, present)
-    value = endpoint.parse(present, settings) if endpoint.parse else present
+        limit = settings.max_send_body_bytes if endpoint.large_body else settings.max_body_bytes
+        document = _body(request, limit, endpoint.schema in schemas.arrays)
+    present = _without_nulls(document)
+    problems = schemas.problems(endpoint.schema, present)
+    if endpoint.parse is None:
+        problems.raise_if_any()
+        value = present
+    else:
+        value = endpoint.parse(present, settings, problems)
     return Input({"query" if from_query else "body": value}, document)
+
+
+def _without_nulls(document: Any) -> Any:
+    """A null optional field means the field is absent, as most JSON clients send it (in each
+    item of a batch too)."""
+    if isinstance(document, list):
+        return [_without_nulls(item) for item in document]
+    if isinstance(document, dict):
+        return {key: value for key, value in document.items() if value is not None}
+    return document
 
 
 def _query(request: Request) -> dict[str, str]:
@@ -68,15 +83,16 @@ def _query(request: Request) -> dict[str, str]:
     return request.args.to_dict()
 
 
-def _body(request: Request, max_bytes: int) -> dict[str, Any]:
+def _body(request: Request, max_bytes: int, array: bool) -> Any:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("Content-Type: must be application/json")
     raw = read_body(request.environ, max_bytes)
+    expected = "a JSON array" if array else "a JSON object"
     if not raw:
-        raise ValidationFailed("body: must be a JSON object")
+        raise ValidationFailed(f"body: must be {expected}")
     document = strict_json.parse(raw)
-    if not isinstance(document, dict):
-        raise ValidationFailed("body: must be a JSON object")
+    if not isinstance(document, list if array else dict):
+        raise ValidationFailed(f"body: must be {expected}")
     return document
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 from werkzeug.routing import Map, Rule
 
-from .api import account, api_keys, domains, emails, templates
+from .api import account, api_keys, domains, emails, sending, templates
 from .auth import FULL, SENDING
 from .ratelimit import LIST, OTHER, SEND
 from .settings import Settings
+from .validation import Problems
 
 
 @dataclass(frozen=True)
@@ -23,17 +24,20 @@ class Endpoint:
         prepares outside any lock what the dispatcher then applies in one job of the store's
         writer (see :mod:`mailsvc.changes`).
     :param schema: the JSON Schema (in ``schemas/``) of the body, or of the query for a GET.
-    :param parse: turns schema-valid input, with the settings, into what the handler takes;
-        no I/O, may refuse.
+    :param parse: ``parse(input, settings, problems)`` turns the input, with the settings,
+        into what the handler takes, adding its own problems to the schema's and refusing with
+        all of them (``problems.raise_if_any()``); no I/O.
+    :param large_body: the route takes attachments: its body may be ``max_send_body_bytes``.
     """
 
     handler: Callable[..., Any]
     rate_group: str
     scopes: tuple[str, ...] = (FULL,)
     schema: str | None = None
-    parse: Callable[[dict[str, Any], Settings], Any] | None = None
+    parse: Callable[[Any, Settings, Problems], Any] | None = None
     status: int = 200
     writes: bool = False
+    large_body: bool = False
 
 
 SEND_EMAIL = Endpoint(
@@ -41,7 +45,26 @@ SEND_EMAIL = Endpoint(
     SEND,
     scopes=(FULL, SENDING),
     schema="send_email",
-    parse=emails.parse_send_request,
+    parse=sending.parse_send_request,
+    writes=True,
+    large_body=True,
+)
+SEND_BATCH = Endpoint(
+    emails.send_batch,
+    SEND,
+    scopes=(FULL, SENDING),
+    schema="send_batch",
+    parse=sending.parse_batch,
+    writes=True,
+    large_body=True,
+)
+CANCEL_EMAIL = Endpoint(emails.cancel_email, OTHER, scopes=(FULL, SENDING), writes=True)
+RESCHEDULE_EMAIL = Endpoint(
+    emails.reschedule_email,
+    OTHER,
+    scopes=(FULL, SENDING),
+    schema="reschedule",
+    parse=emails.parse_reschedule,
     writes=True,
 )
 LIST_EMAILS = Endpoint(
@@ -96,7 +119,10 @@ URL_MAP = Map(
     [
         Rule("/v1/emails", methods=["POST"], endpoint=SEND_EMAIL),
         Rule("/v1/emails", methods=["GET"], endpoint=LIST_EMAILS),
+        Rule("/v1/emails/batch", methods=["POST"], endpoint=SEND_BATCH),
         Rule("/v1/emails/<email_id>", methods=["GET"], endpoint=GET_EMAIL),
+        Rule("/v1/emails/<email_id>", methods=["PATCH"], endpoint=RESCHEDULE_EMAIL),
+        Rule("/v1/emails/<email_id>/cancel", methods=["POST"], endpoint=CANCEL_EMAIL),
         Rule("/v1/templates", methods=["POST"], endpoint=CREATE_TEMPLATE),
         Rule("/v1/templates", methods=["GET"], endpoint=LIST_TEMPLATES),
         Rule("/v1/templates/<template_id>", methods=["GET"], endpoint=GET_TEMPLATE),

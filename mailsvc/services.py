@@ -1,10 +1,12 @@
-"""What a handler may depend on besides its input: settings, clock, rate limits, DNS, cursors."""
+"""What a handler may depend on besides its input: settings, clock, rate limits, DNS, cursors,
+and what a process shares between its requests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .large_bodies import LargeBodies
 from .mail.dns import DnsChecker
 from .mail.rendering import TemplateLimits
 from .paging import Cursors
@@ -22,6 +24,7 @@ class Services:
     dns: DnsChecker
     cursors: Cursors
     template_limits: TemplateLimits
+    large_bodies: LargeBodies
 
 
 def build_services(settings: Settings, clock: Callable[[], float], store: Store) -> Services:
@@ -35,4 +38,7 @@ def build_services(settings: Settings, clock: Callable[[], float], store: Store)
     )
     dns = DnsChecker(settings.dns_servers, settings.dns_timeout_seconds)
     templates = TemplateLimits.from_settings(settings)
-    return Services(settings, clock, limiter, dns, Cursors(store), templates)
+    large_bodies = LargeBodies(
+        settings.large_bodies_per_process, settings.max_body_bytes, settings.max_send_body_bytes
+    )
+    return Services(settings, clock, limiter, dns, Cursors(store), templates, large_bodies)

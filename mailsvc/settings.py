@@ -152,7 +152,40 @@ SETTINGS: tuple[Setting, ...] = (
         "How long the answer to a request with an `Idempotency-Key` is kept for replay.",
         _positive_float,
     ),
-    Setting("max_body_bytes", 1048576, "Largest request body accepted.", _positive_int),
+    Setting(
+        "max_body_bytes",
+        1048576,
+        "Largest request body accepted, but on the routes that send mail.",
+        _positive_int,
+    ),
+    Setting(
+        "max_send_body_bytes",
+        16777216,
+        "Largest body of `POST /v1/emails` and `POST /v1/emails/batch`: room for 10 MB of "
+        "attachments, which base64 makes a third larger.",
+        _positive_int,
+    ),
+    Setting(
+        "large_bodies_per_process",
+        4,
+        "Bodies over `MAILSVC_MAX_BODY_BYTES` (or chunked) that one process works on at once, "
+        "two per account at most; another is refused with a `Retry-After`. Each costs about "
+        "three times its size in memory while it runs.",
+        _positive_int,
+    ),
+    Setting(
+        "attachments_max_bytes",
+        10_000_000,
+        "Largest total of one email's attachments, decoded (10 MB, as Postmark).",
+        _positive_int,
+    ),
+    Setting("attachments_max_count", 20, "Most attachments one email may carry.", _positive_int),
+    Setting(
+        "schedule_max_days",
+        30.0,
+        "How far ahead `scheduledAt` may be, in days.",
+        _positive_float,
+    ),
     Setting(
         "template_max_source_chars",
         100_000,

@@ -29,3 +29,21 @@ def parse_iso_time(value: str, field: str) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
+
+
+def parse_instant(value: str, field: str) -> float:
+    """Seconds since the epoch of an ISO 8601 date-time that says its offset (or ``Z``): a
+    moment that means the same wherever the client is.
+
+    :raises ValidationFailed: naming ``field``.
+    """
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None or "T" not in value.upper():
+        raise ValidationFailed(
+            f"{field}: must be an ISO 8601 date-time with an offset or Z, such as "
+            f"2026-11-21T09:00:00Z"
+        )
+    return moment.timestamp()

@@ -1,14 +1,18 @@
 """Request schemas: loaded from ``schemas/`` and compiled once, and their failures as messages.
 
-A failure becomes a :class:`~mailsvc.errors.ValidationFailed` whose message names the field
-and the rule (``"to: at most 50 recipients"``). A schema can give the text for a keyword in an
-``x-messages`` object where the generic text would be vague.
+A failure is a :class:`Problem` that names the field and the rule (``"to: at most 50
+recipients"``); a schema can give the text for a keyword in an ``x-messages`` object where the
+generic text would be vague. A request's parser adds its own problems to the schema's
+(:class:`Problems`), and the client gets them all in one 400: every unknown field, every bad
+field, in a stable order, up to :data:`MAX_REPORTED`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -19,6 +23,9 @@ from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 
 from .errors import ValidationFailed
+
+#: Problems listed in one answer at most; the rest are counted.
+MAX_REPORTED = 20
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -44,20 +51,89 @@ class Schemas:
             (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
         )
         self._validators: dict[str, Draft202012Validator] = {}
+        #: The schemas whose documents are JSON arrays (a batch), not objects.
+        self.arrays = {name for name, schema in schemas.items() if schema.get("type") == "array"}
         for name, schema in schemas.items():
             Draft202012Validator.check_schema(schema)
             self._validators[name] = Draft202012Validator(schema, registry=registry)
 
-    def validate(self, name: str, instance: Any) -> None:
-        """Check ``instance`` against schema ``name``.
+    def problems(self, name: str, instance: Any) -> Problems:
+        """What is wrong with ``instance`` by schema ``name``, most shallow first."""
+        problems = Problems()
+        for error in _ordered(list(self._validators[name].iter_errors(instance))):
+            for problem in describe(error):
+                problems.add_problem(problem)
+        return problems
 
-        :raises ValidationFailed: with every failure, named by field, most shallow first.
-        """
-        errors = list(self._validators[name].iter_errors(instance))
-        if errors:
-            raise ValidationFailed(
-                "; ".join(_unique(describe(error) for error in _ordered(errors)))
-            )
+    def validate(self, name: str, instance: Any) -> None:
+        """:raises ValidationFailed: with every failure, named by field, most shallow first."""
+        self.problems(name, instance).raise_if_any()
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One rule an input breaks: where (``""``: the body as a whole) and what."""
+
+    field: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class Problems:
+    """Everything wrong with one input, collected before it is refused.
+
+    :param prefix: where the input stands in a larger one (``"[3]."``: a batch's fourth
+        item); the problems of a view made with :meth:`within` go to the same list.
+    """
+
+    def __init__(self, prefix: str = "", found: list[Problem] | None = None) -> None:
+        self.prefix = prefix
+        self.found: list[Problem] = [] if found is None else found
+
+    def within(self, prefix: str) -> Problems:
+        """The problems of a part of the input, named from where it stands."""
+        return Problems(self.prefix + prefix, self.found)
+
+    def _named(self, field: str) -> str:
+        return (self.prefix + field).rstrip(".") if field else self.prefix.rstrip(".")
+
+    def add(self, field: str, rule: str) -> None:
+        named = self._named(field)
+        self.add_problem(Problem(named, f"{named or 'body'}: {rule}"))
+
+    def add_problem(self, problem: Problem) -> None:
+        if problem not in self.found:
+            self.found.append(problem)
+
+    def failed(self, field: str = "") -> bool:
+        """Whether ``field`` (or, not given, this part of the input), or anything inside it,
+        has a problem already."""
+        named = self._named(field)
+        return any(
+            problem.field == named
+            or not named
+            or problem.field.startswith((f"{named}.", f"{named}["))
+            for problem in self.found
+        )
+
+    @contextmanager
+    def checking(self, field: str = "") -> Iterator[None]:
+        """Run a parser's check of ``field``: a refusal it raises (its message names the
+        field) becomes a problem here."""
+        try:
+            yield
+        except ValidationFailed as exc:
+            self.add_problem(Problem(self._named(field), self.prefix + exc.message))
+
+    def raise_if_any(self) -> None:
+        """:raises ValidationFailed: listing every problem (the first :data:`MAX_REPORTED`)."""
+        if not self.found:
+            return
+        shown = [str(problem) for problem in self.found[:MAX_REPORTED]]
+        more = len(self.found) - len(shown)
+        raise ValidationFailed("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
 
 
 def _schema_folder() -> Traversable:
@@ -79,29 +155,27 @@ def _ordered(errors: list[ValidationError]) -> list[ValidationError]:
     )
 
 
-def _unique(messages: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(messages))
-
-
-def describe(error: ValidationError) -> str:
-    """``"<field>: <rule>"`` for one schema failure."""
+def describe(error: ValidationError) -> list[Problem]:
+    """The problems of one schema failure (one per missing or unknown field)."""
     field = field_path(error.absolute_path)
     keyword = str(error.validator)
     custom = error.schema.get("x-messages", {}) if isinstance(error.schema, Mapping) else {}
     if keyword == "required":
         missing = [name for name in error.validator_value if name not in error.instance]
-        field, rule = _join(field, missing[0]), "is required"
-    elif keyword == "additionalProperties":
+        return [_problem(_join(field, name), "is required") for name in missing]
+    if keyword == "additionalProperties" and isinstance(error.instance, Mapping):
         known = set(error.schema.get("properties", {}))
         unknown = sorted(name for name in error.instance if name not in known)
-        field, rule = _join(field, unknown[0]), "unknown field"
-    else:
-        rule = _rule(keyword, error.validator_value)
-    if keyword in custom:
-        rule = custom[keyword]
-        if not field:  # at the top level there is no field to name: the schema's text names it
-            return rule
-    return f"{field or 'body'}: {rule}"
+        rule = custom.get(keyword, "unknown field")
+        return [_problem(_join(field, name), rule) for name in unknown]
+    rule = custom.get(keyword, _rule(keyword, error.validator_value))
+    if keyword in custom and ": " in rule:  # the text names the field itself (``html: ...``)
+        return [Problem(field, f"{field}.{rule}" if field else rule)]
+    return [_problem(field, rule)]
+
+
+def _problem(field: str, rule: str) -> Problem:
+    return Problem(field, f"{field or 'body'}: {rule}")
 
 
 def _rule(keyword: str, value: Any) -> str:
@@ -114,6 +188,8 @@ def _rule(keyword: str, value: Any) -> str:
         return "must not be empty" if value == 1 else f"at least {value} characters"
     if keyword == "maxItems":
         return f"at most {value} items"
+    if keyword == "maxProperties":
+        return f"at most {value} fields"
     if keyword == "minItems":
         return f"at least {value} item" + ("s" if value != 1 else "")
     if keyword == "enum":

@@ -115,6 +115,7 @@ def test_refused_recipient_fails_with_the_relay_reply(relayed, sink):
     assert "550" in shown["lastError"] and "no such user" in shown["lastError"]
     assert shown["recipients"][0] == {
         "address": "nobody@example.org",
+        "kind": "to",
         "status": "failed",
         "smtpCode": 550,
         "enhancedCode": "5.1.1",

@@ -23,7 +23,7 @@ def test_wrong_method_is_json_405_with_allow(client):
     assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "POST"}
     response = client.post("/v1/emails/em_x")
     assert_error(response, 405)
-    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD"}
+    assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD", "PATCH"}
 
 
 @pytest.mark.parametrize(
@@ -59,14 +59,30 @@ def test_json_with_charset_is_accepted(client, tenant):
 
 def test_body_over_the_limit_is_413(config, clock, tenant, app):
     config["max_body_bytes"] = 2000
+    config["max_send_body_bytes"] = 5000
     small = Client(create_app(config, clock=clock))
+    # The routes that send take bodies up to max_send_body_bytes (room for attachments) ...
     body = email_body(text="x" * 3000)
+    assert small.post("/v1/emails", json=body, headers=tenant.headers).status_code == 200
     assert_error(
-        small.post("/v1/emails", json=body, headers=tenant.headers),
+        small.post("/v1/emails", json=email_body(text="x" * 6000), headers=tenant.headers),
+        413,
+        "body: larger than 5000 bytes",
+    )
+    assert_error(
+        small.post(
+            "/v1/emails/batch", json=[email_body(text="x" * 3000)] * 2, headers=tenant.headers
+        ),
+        413,
+        "body: larger than 5000 bytes",
+    )
+    # ... every other route up to max_body_bytes.
+    template = {"name": "big", "text": "x" * 3000}
+    assert_error(
+        small.post("/v1/templates", json=template, headers=tenant.headers),
         413,
         "body: larger than 2000 bytes",
     )
-    assert small.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code == 200
 
 
 def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):

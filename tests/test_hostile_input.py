@@ -103,13 +103,14 @@ def test_a_body_announced_larger_than_the_limit_is_413_unread(client, tenant, co
         def read(self, *_):
             raise AssertionError("the body must not be read")
 
-    environ = {
-        "wsgi.input": Unreadable(),
-        "CONTENT_LENGTH": str(1048577),
-        "CONTENT_TYPE": "application/json",
-    }
-    response = client.post("/v1/emails", headers=tenant.headers, environ_overrides=environ)
-    assert_error(response, 413, "body: larger than 1048576 bytes")
+    for path, limit in [("/v1/emails", 16777216), ("/v1/templates", 1048576)]:
+        environ = {
+            "wsgi.input": Unreadable(),
+            "CONTENT_LENGTH": str(limit + 1),
+            "CONTENT_TYPE": "application/json",
+        }
+        response = client.post(path, headers=tenant.headers, environ_overrides=environ)
+        assert_error(response, 413, f"body: larger than {limit} bytes")
 
 
 def my_cursor(client, tenant, path: str) -> str:
@@ -165,7 +166,9 @@ def test_cursors_show_nothing_of_the_sequence(client, tenant):
 @pytest.fixture
 def server(served_tenant):
     path, _, _, headers = served_tenant
-    running = Gunicorn({"MAILSVC_DATABASE": path}, workers=1).start()
+    # Sending routes take 16 MiB by default; at 1 MiB, a body 12 times the limit is cheap.
+    env = {"MAILSVC_DATABASE": path, "MAILSVC_MAX_SEND_BODY_BYTES": "1048576"}
+    running = Gunicorn(env, workers=1).start()
     yield running, headers
     running.stop()
 

@@ -13,10 +13,13 @@ import pytest
 
 from mailsvc.mail.dkim import new_signing_key
 from mailsvc.store import (
+    Attachment,
     CreditExhausted,
     DomainExists,
     DomainTaken,
+    EmailFilter,
     NewEmail,
+    NewRecipient,
     Store,
     TokenExhausted,
 )
@@ -53,6 +56,29 @@ def race(stores: list[Store], work: Callable[[Store, int], Any], rounds: int = 1
 @pytest.fixture
 def stores(open_test_store) -> list[Store]:
     return [open_test_store() for _ in range(RACERS)]
+
+
+def new_email(
+    email_id: str, account_id: str, sender: str, created_at: float = 1.0, **fields: Any
+) -> NewEmail:
+    fields.setdefault("recipients", (NewRecipient("b@example.org"),))
+    return NewEmail(
+        id=email_id,
+        account_id=account_id,
+        sender_name=None,
+        sender_address=sender,
+        subject="s",
+        html=None,
+        text="t",
+        message_id=f"<{email_id}@x>",
+        created_at=created_at,
+        **fields,
+    )
+
+
+def sender_domain(store: Store, owner: str, name: str = "verified.test") -> None:
+    key = new_signing_key(1024)
+    store.write(lambda tx: tx.add_domain(f"dom_{name}", owner, name, True, key, 0.0, "token"))
 
 
 def account(store: Store, credits: int = 0, name: str = "acc_racer") -> str:
@@ -125,21 +151,7 @@ def test_due_mail_is_claimed_by_one_claimer_each(stores):
         for number in range(60):
             assert (
                 tx.enqueue_email(
-                    NewEmail(
-                        f"em_{number}",
-                        owner,
-                        None,
-                        "a@verified.test",
-                        ("b@example.org",),
-                        "s",
-                        None,
-                        "t",
-                        None,
-                        None,
-                        None,
-                        f"<em_{number}@verified.test>",
-                        100.0,
-                    )
+                    new_email(f"em_{number}", owner, "a@verified.test", created_at=100.0)
                 )
                 is not None
             )
@@ -210,9 +222,113 @@ def test_mail_is_queued_only_from_a_verified_domain_of_its_account(stores):
     stores[0].write(lambda tx: tx.add_domain("dom_1", other, "theirs.test", True, key, 0.0, "t"))
     stores[0].write(lambda tx: tx.add_domain("dom_2", owner, "pending.test", False, key, 0.0, "t"))
     for sender in ("a@theirs.test", "a@pending.test", "a@nowhere.test"):
-        email = NewEmail(
-            "em_x", owner, None, sender, ("b@example.org",), "s", None, "t", None, None, None,
-            "<em_x@x>", 1.0,
-        )  # fmt: skip
+        email = new_email("em_x", owner, sender)
         assert stores[0].write(lambda tx, email=email: tx.enqueue_email(email)) is None
     assert stores[0].reads.count_emails_by_status() == {}
+
+
+def test_everything_an_email_carries_comes_back_as_it_went_in(stores):
+    store, owner = stores[0], account(stores[0])
+    sender_domain(store, owner)
+    content = bytes(range(256)) * 40  # every byte value, NULs included
+    email = new_email(
+        "em_full",
+        owner,
+        "a@verified.test",
+        recipients=(
+            NewRecipient("to@example.org", "to", "Tó Person"),
+            NewRecipient("cc@example.org", "cc"),
+            NewRecipient("bcc@example.org", "bcc", "Hidden"),
+        ),
+        reply_to=("Support <help@verified.test>", "b@verified.test"),
+        headers=(("List-Unsubscribe", "<https://u.test/x>"), ("X-Campaign", "fall")),
+        attachments=(
+            Attachment("receipt.pdf", "application/pdf", content),
+            Attachment("logo.png", "image/png", b"\x89PNG", "logo@x"),
+        ),
+        tags=(("kind", "receipt"), ("plan", "pro")),
+        charged=3,
+    )
+    seq = store.write(lambda tx: tx.enqueue_email(email))
+    shown = store.reads.get_email(owner, "em_full")
+    assert [(r.address, r.kind, r.name) for r in shown.recipients] == [
+        ("to@example.org", "to", "Tó Person"),
+        ("cc@example.org", "cc", None),
+        ("bcc@example.org", "bcc", "Hidden"),
+    ]
+    assert shown.reply_to == email.reply_to and shown.headers == email.headers
+    assert shown.tags == email.tags and shown.charged == 3 and shown.status == "queued"
+    assert [(a.filename, a.content_id, a.size) for a in shown.attachments] == [
+        ("receipt.pdf", None, len(content)),
+        ("logo.png", "logo@x", 4),
+    ]
+    files = store.write(lambda tx: tx.attachment_contents([seq]))[seq]
+    assert files == list(email.attachments)
+    tagged = store.reads.list_emails(owner, EmailFilter(tag=("plan", "pro")), None, 10)
+    assert [found.id for found in tagged] == ["em_full"]
+    assert store.reads.list_emails(owner, EmailFilter(tag=("plan", "free")), None, 10) == []
+
+
+def test_a_scheduled_email_waits_for_its_time(stores):
+    store, owner = stores[0], account(stores[0])
+    sender_domain(store, owner)
+    email = new_email("em_later", owner, "a@verified.test", scheduled_at=5000.0)
+    store.write(lambda tx: tx.enqueue_email(email))
+    assert store.reads.get_email(owner, "em_later").status == "scheduled"
+    assert store.write(lambda tx: tx.next_due_at()) == 5000.0
+    assert store.write(lambda tx: tx.claim_due("me", 4999.0, 60.0, 10)) == []
+    assert store.write(lambda tx: tx.reschedule_email(owner, "em_later", 6000.0, 4999.0))
+    assert store.write(lambda tx: tx.claim_due("me", 5500.0, 60.0, 10)) == []
+    claimed = store.write(lambda tx: tx.claim_due("me", 6000.0, 60.0, 10))
+    assert [found.id for found in claimed] == ["em_later"]
+    assert not store.write(lambda tx: tx.reschedule_email(owner, "em_later", 7000.0, 6000.0))
+    assert store.write(lambda tx: tx.cancel_email(owner, "em_later", 6000.0)) is None
+
+
+def test_a_cancel_gives_the_credit_back_once(stores):
+    store, owner = stores[0], account(stores[0], credits=10)
+    sender_domain(store, owner)
+    email = new_email("em_c", owner, "a@verified.test", scheduled_at=5000.0, charged=4)
+
+    def queue(tx: Any) -> None:
+        tx.enqueue_email(email)
+        tx.spend_credits(owner, 4)
+
+    store.write(queue)
+    assert store.reads.get_account(owner).credits == 6
+    assert store.write(lambda tx: tx.cancel_email("acc_other", "em_c", 10.0)) is None
+    results = race(stores, lambda s, _: s.write(lambda tx: tx.cancel_email(owner, "em_c", 10.0)))
+    assert sorted(results, key=lambda found: found is None) == [4] + [None] * (RACERS - 1)
+    assert store.reads.get_account(owner).credits == 10
+    shown = store.reads.get_email(owner, "em_c")
+    assert shown.status == "canceled" and {r.status for r in shown.recipients} == {"canceled"}
+    assert store.reads.email_events([shown.seq])[shown.seq][-1].type == "canceled"
+    assert store.write(lambda tx: tx.claim_due("me", 9000.0, 60.0, 10)) == []
+
+
+def test_a_cancel_and_a_claim_at_its_time_one_wins(stores):
+    store, owner = stores[0], account(stores[0], credits=0)
+    sender_domain(store, owner)
+    rounds = 15
+    for number in range(rounds):
+        email = new_email(f"em_{number}", owner, "a@verified.test", scheduled_at=100.0, charged=1)
+        store.write(lambda tx, email=email: tx.enqueue_email(email))
+
+    def cancel_or_claim(s: Store, racer: int) -> Any:
+        if racer % 2:
+            return [
+                ("claimed", e.id) for e in s.write(lambda tx: tx.claim_due("me", 100.0, 60.0, 1))
+            ]
+        outcomes = []
+        for number in range(rounds):
+            if s.write(lambda tx, n=number: tx.cancel_email(owner, f"em_{n}", 100.0)) is not None:
+                outcomes.append(("canceled", f"em_{number}"))
+        return outcomes
+
+    results = race(stores, cancel_or_claim, rounds=rounds)
+    outcomes = [outcome for result in results for outcome in result]
+    by_email = Counter(email_id for _, email_id in outcomes)
+    assert set(by_email) == {f"em_{number}" for number in range(rounds)}
+    assert set(by_email.values()) == {1}, "an email was both canceled and claimed, or twice"
+    canceled = sum(1 for kind, _ in outcomes if kind == "canceled")
+    assert store.reads.get_account(owner).credits == canceled

@@ -20,12 +20,19 @@ from ..services import Services
 from ..settings import Settings
 from ..store import ApiKey, Reads, Writes
 from ..timestamps import iso_time
+from ..validation import Problems
 
 
-def parse_new_key(body: dict[str, Any], settings: Settings | None = None) -> dict[str, Any]:
-    """:raises ValidationFailed: ``domain`` is not a domain name. No I/O."""
+def parse_new_key(body: dict[str, Any], settings: Settings, problems: Problems) -> dict[str, Any]:
+    """:raises ValidationFailed: ``domain`` is not a domain name (and every other problem).
+    No I/O."""
     domain = body.get("domain")
-    return {**body, "domain": normalise_domain(domain.strip(), "domain") if domain else None}
+    parsed = None
+    if domain and not problems.failed("domain"):
+        with problems.checking("domain"):
+            parsed = normalise_domain(domain.strip(), "domain")
+    problems.raise_if_any()
+    return {**body, "domain": parsed}
 
 
 def create_api_key(

@@ -29,13 +29,15 @@ from ..services import Services
 from ..settings import Settings
 from ..store import Domain, DomainExists, DomainTaken, Reads, Writes
 from ..timestamps import iso_time
+from ..validation import Problems
 
 
-def parse_new_domain(body: dict[str, Any], settings: Settings) -> str:
+def parse_new_domain(body: dict[str, Any], settings: Settings, problems: Problems) -> str:
     """The normalised name. No I/O.
 
-    :raises ValidationFailed: the name is not a domain name.
+    :raises ValidationFailed: the name is not a domain name (or the body has other problems).
     """
+    problems.raise_if_any()
     return normalise_domain(body["name"].strip(), "name")
 
 

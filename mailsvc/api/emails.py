@@ -1,4 +1,4 @@
-"""The email endpoints: parse a send request, accept it into the queue, show and list emails.
+"""The email endpoints: send one or a batch, show and list, cancel or move a scheduled one.
 
 Handlers are pure: they take validated input, the store's reads and the caller, and return data
 (or, for a write, the :class:`~mailsvc.changes.Change` to apply) or raise a service error. Only
@@ -7,109 +7,70 @@ the dispatcher in :mod:`mailsvc.app` touches HTTP.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .. import statuses
 from ..auth import Principal
 from ..changes import Change
-from ..errors import (
-    DomainNotVerified,
-    Forbidden,
-    NotFound,
-    ValidationFailed,
-)
-from ..ids import new_id
-from ..mail.addresses import Mailbox, parse_address, parse_mailbox
-from ..mail.rendering import render
+from ..errors import DomainNotVerified, Forbidden, NotFound, ServiceError, ValidationFailed
+from ..mail.addresses import Mailbox, parse_address
 from ..paging import DEFAULT_LIMIT, page
 from ..services import Services
 from ..settings import Settings
 from ..store import EmailFilter, EmailRecord, Event, NewEmail, Reads, Writes
-from ..timestamps import iso_time, parse_iso_time
-
-
-@dataclass(frozen=True)
-class SendRequest:
-    """A send request body that passed the schema, with its addresses parsed."""
-
-    sender: Mailbox
-    recipients: tuple[str, ...]
-    subject: str
-    html: str | None
-    text: str | None
-    template_id: str | None
-    variables: dict[str, Any] | None
-    reply_to: str | None
-
-
-def parse_send_request(body: dict[str, Any], settings: Settings | None = None) -> SendRequest:
-    """Parse the addresses of a schema-valid body; no I/O.
-
-    Recipients are de-duplicated (first occurrence kept), so nobody gets the mail twice and
-    nobody is charged twice for one recipient.
-
-    :raises ValidationFailed: an address is not valid.
-    """
-    to = body["to"]
-    if isinstance(to, str):
-        addresses = [parse_address(to.strip(), "to")]
-    else:
-        addresses = [parse_address(item.strip(), f"to[{i}]") for i, item in enumerate(to)]
-    reply_to = body.get("replyTo")
-    return SendRequest(
-        sender=parse_mailbox(body["from"], "from"),
-        recipients=tuple(dict.fromkeys(addresses)),
-        subject=body["subject"],
-        html=body.get("html"),
-        text=body.get("text"),
-        template_id=body.get("templateId"),
-        variables=body.get("variables"),
-        reply_to=parse_address(reply_to.strip(), "replyTo") if reply_to is not None else None,
-    )
+from ..timestamps import iso_time, parse_instant, parse_iso_time
+from ..validation import Problems
+from .sending import SendRequest, accepted, prepare
 
 
 def send_email(
     reads: Reads, principal: Principal, services: Services, *, body: SendRequest
 ) -> Change:
-    """Accept an email: render its template (if any) here, then, in the store's writer, check
-    the sender domain and the credit, debit, and queue it."""
-    account_id = principal.account_id
-    domain = body.sender.address.rpartition("@")[2]
-    if principal.domain is not None and domain != principal.domain:
-        raise Forbidden(f"from: this API key may only send from {principal.domain}")
-    subject, html, text = body.subject, body.html, body.text
-    if body.template_id is not None:
-        subject, html, text = _render_template(reads, account_id, body, services)
-    cost = len(body.recipients) * services.settings.credits_per_recipient
-    email_id = new_id("em")
-    email = NewEmail(
-        id=email_id,
-        account_id=account_id,
-        sender_name=body.sender.name,
-        sender_address=body.sender.address,
-        recipients=body.recipients,
-        subject=subject,
-        html=html,
-        text=text,
-        reply_to=body.reply_to,
-        template_id=body.template_id,
-        variables=json.dumps(body.variables) if body.variables is not None else None,
-        message_id=f"<{email_id}@{domain}>",
-        created_at=services.clock(),
-    )
+    """Accept an email: render its template (if any) here; then, in the store's writer, queue
+    it if its sender domain is verified, and take its credit."""
+    email = prepare(reads, principal, services, body)
+    return Change(_queue([email], "from"), accepted(email), wakes_delivery=True)
 
-    def accept(tx: Writes) -> None:
-        if tx.enqueue_email(email) is None:
-            raise DomainNotVerified(
-                f"from: sender domain {domain} is not verified for this account"
-            )
+
+def send_batch(
+    reads: Reads, principal: Principal, services: Services, *, body: list[SendRequest]
+) -> Change:
+    """Accept 1 to 100 emails, all or none, in one transaction; the credit of all of them is
+    taken at once."""
+    emails = []
+    problems = Problems()
+    for index, request in enumerate(body):
+        try:
+            with problems.within(f"[{index}].").checking():
+                emails.append(prepare(reads, principal, services, request))
+        except Forbidden as exc:
+            raise Forbidden(f"[{index}].{exc.message}") from None
+    problems.raise_if_any()
+    for index, email in enumerate(emails):  # said for each item now; checked again in the job
+        domain = email.sender_address.rpartition("@")[2]
+        if not reads.is_domain_verified(principal.account_id, domain):
+            problems.within(f"[{index}].").add("from", _unverified(domain))
+    problems.raise_if_any()
+    answer = {"data": [accepted(email) for email in emails]}
+    return Change(_queue(emails, "[{index}].from"), answer, wakes_delivery=True)
+
+
+def _queue(emails: Sequence[NewEmail], field: str) -> Any:
+    def queue(tx: Writes) -> None:
+        for index, email in enumerate(emails):
+            if tx.enqueue_email(email) is None:
+                domain = email.sender_address.rpartition("@")[2]
+                raise DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")
+        cost = sum(email.charged for email in emails)
         if cost:
-            tx.spend_credits(account_id, cost)  # CreditExhausted is the dispatcher's 402
+            tx.spend_credits(emails[0].account_id, cost)  # CreditExhausted: the dispatcher's 402
 
-    return Change(accept, {"id": email_id, "status": statuses.QUEUED}, wakes_delivery=True)
+    return queue
+
+
+def _unverified(domain: str) -> str:
+    return f"sender domain {domain} is not verified for this account"
 
 
 def get_email(
@@ -119,26 +80,101 @@ def get_email(
 
     :raises NotFound: no such email, or it belongs to another account.
     """
-    record = view.get_email(principal.account_id, email_id)
-    if record is None:
-        raise NotFound(f"email {email_id}: not found")
+    record = _find(view, principal, email_id)
     return present_email(record, view.email_events([record.seq])[record.seq])
 
 
-def parse_list_query(query: dict[str, str], settings: Settings | None = None) -> dict[str, Any]:
-    """Typed filters from schema-valid query parameters. No I/O.
+def cancel_email(
+    reads: Reads, principal: Principal, services: Services, *, email_id: str
+) -> Change:
+    """Cancel a scheduled email: nothing is sent, its credit is given back."""
+    _find(reads, principal, email_id, sending=True)
+    now = services.clock()
 
-    :raises ValidationFailed: naming the parameter that does not parse.
+    def cancel(tx: Writes) -> None:
+        if tx.cancel_email(principal.account_id, email_id, now) is None:
+            raise _not_scheduled(tx, principal, email_id, "canceled")
+
+    return Change(cancel, {"id": email_id, "status": statuses.CANCELED})
+
+
+def parse_reschedule(body: dict[str, Any], settings: Settings, problems: Problems) -> float:
+    problems.raise_if_any()
+    return parse_instant(body["scheduledAt"], "scheduledAt")
+
+
+def reschedule_email(
+    reads: Reads, principal: Principal, services: Services, *, email_id: str, body: float
+) -> Change:
+    """Move a scheduled email to another time (``PATCH /v1/emails/{id}``)."""
+    _find(reads, principal, email_id, sending=True)
+    now, days = services.clock(), services.settings.schedule_max_days
+    if body <= now:
+        raise ValidationFailed("scheduledAt: must be in the future")
+    if body > now + days * 86400:
+        raise ValidationFailed(
+            f"scheduledAt: at most {days:g} days ahead (MAILSVC_SCHEDULE_MAX_DAYS)"
+        )
+
+    def move(tx: Writes) -> None:
+        if not tx.reschedule_email(principal.account_id, email_id, body, now):
+            raise _not_scheduled(tx, principal, email_id, "moved")
+
+    answer = {"id": email_id, "status": statuses.SCHEDULED, "scheduledAt": iso_time(body)}
+    return Change(move, answer)
+
+
+def _not_scheduled(tx: Reads, principal: Principal, email_id: str, done: str) -> ServiceError:
+    record = tx.get_email(principal.account_id, email_id)
+    if record is None:
+        return NotFound(f"email {email_id}: not found")
+    return ValidationFailed(
+        f"email {email_id}: it is {record.status}; only a scheduled email can be {done}"
+    )
+
+
+def _find(reads: Reads, principal: Principal, email_id: str, sending: bool = False) -> EmailRecord:
+    """:raises NotFound: no such email of the caller's; :raises Forbidden: (``sending``) the
+    key may only send from another domain."""
+    record = reads.get_email(principal.account_id, email_id)
+    if record is None:
+        raise NotFound(f"email {email_id}: not found")
+    domain = record.sender_address.rpartition("@")[2]
+    if sending and principal.domain is not None and domain != principal.domain:
+        raise Forbidden(f"email {email_id}: this API key may only send from {principal.domain}")
+    return record
+
+
+def parse_list_query(
+    query: dict[str, str], settings: Settings, problems: Problems
+) -> dict[str, Any]:
+    """Typed filters from the query parameters. No I/O.
+
+    :raises ValidationFailed: naming every parameter that does not parse.
     """
+    parsers = {
+        "to": lambda value: parse_address(value, "to"),
+        "from": lambda value: parse_address(value, "from"),
+        "since": lambda value: parse_iso_time(value, "since"),
+        "until": lambda value: parse_iso_time(value, "until"),
+        "tag": lambda value: tuple(value.split(":", 1)),
+    }
+    parsed: dict[str, Any] = {}
+    for name, parse in parsers.items():
+        if name in query and not problems.failed(name):
+            with problems.checking(name):
+                parsed[name] = parse(query[name])
+    problems.raise_if_any()
     return {
         "limit": int(query.get("limit", DEFAULT_LIMIT)),
         "cursor": query.get("cursor"),
         "where": EmailFilter(
             status=query.get("status"),
-            recipient=parse_address(query["to"], "to") if "to" in query else None,
-            sender=parse_address(query["from"], "from") if "from" in query else None,
-            since=parse_iso_time(query["since"], "since") if "since" in query else None,
-            until=parse_iso_time(query["until"], "until") if "until" in query else None,
+            recipient=parsed.get("to"),
+            sender=parsed.get("from"),
+            since=parsed.get("since"),
+            until=parsed.get("until"),
+            tag=parsed.get("tag"),
         ),
     }
 
@@ -160,41 +196,38 @@ def list_emails(
     )
 
 
-def _render_template(
-    reads: Reads, account_id: str, body: SendRequest, services: Services
-) -> tuple[str, str | None, str | None]:
-    """The subject, html and text of the request's template, rendered with its variables."""
-    template = reads.get_template(account_id, body.template_id or "")
-    if template is None:
-        raise ValidationFailed(f"templateId: template {body.template_id} not found")
-    rendered = render(
-        template.subject,
-        template.html,
-        template.text,
-        body.variables or {},
-        services.template_limits,
-    )
-    subject = rendered.subject if rendered.subject is not None else body.subject
-    if any(character in subject for character in "\r\n\x00"):
-        raise ValidationFailed("subject: the rendered subject must not contain CR, LF or NUL")
-    if len(subject) > 255:
-        raise ValidationFailed("subject: the rendered subject is over 255 characters")
-    return subject, rendered.html, rendered.text
-
-
 def present_email(record: EmailRecord, events: Sequence[Event]) -> dict[str, Any]:
     """The email object of the API, with its timeline (which begins with its acceptance)."""
-    timeline = [Event(record.created_at, statuses.QUEUED, None), *events]
+    first = statuses.SCHEDULED if record.scheduled_at is not None else statuses.QUEUED
+    timeline = [Event(record.created_at, first, None), *events]
     sender = str(Mailbox(record.sender_name, record.sender_address))
+
+    def shown(kind: str) -> list[str]:
+        return [str(Mailbox(r.name, r.address)) for r in record.recipients if r.kind == kind]
+
     return {
         "id": record.id,
         "status": record.status,
         "from": sender,
-        "to": [recipient.address for recipient in record.recipients],
+        "to": shown("to"),
+        "cc": shown("cc"),
+        "bcc": shown("bcc"),
+        "replyTo": list(record.reply_to),
         "subject": record.subject,
-        "replyTo": record.reply_to,
         "templateId": record.template_id,
+        "tags": [{"name": name, "value": value} for name, value in record.tags],
+        "headers": dict(record.headers),
+        "attachments": [
+            {
+                "filename": attachment.filename,
+                "contentType": attachment.content_type,
+                "contentId": attachment.content_id,
+                "size": attachment.size,
+            }
+            for attachment in record.attachments
+        ],
         "createdAt": iso_time(record.created_at),
+        "scheduledAt": iso_time(record.scheduled_at),
         "sentAt": iso_time(record.sent_at),
         "lastError": record.last_error,
         "attempts": record.attempts,
@@ -205,6 +238,7 @@ def present_email(record: EmailRecord, events: Sequence[Event]) -> dict[str, Any
         "recipients": [
             {
                 "address": r.address,
+                "kind": r.kind,
                 "status": r.status,
                 "smtpCode": r.smtp_code,
                 "enhancedCode": r.enhanced_code,

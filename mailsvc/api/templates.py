@@ -21,19 +21,23 @@ from ..services import Services
 from ..settings import Settings
 from ..store import Reads, Template, Writes
 from ..timestamps import iso_time
+from ..validation import Problems
 
 _PARTS = ("subject", "html", "text")
 
 
-def parse_template(body: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """A schema-valid template body whose parts also compile. No I/O.
+def parse_template(body: dict[str, Any], settings: Settings, problems: Problems) -> dict[str, Any]:
+    """A template body whose parts also compile. No I/O.
 
     :raises ValidationFailed: a part is too large or does not compile (the message gives the
-        part and, where Jinja gives one, the line).
+        part and, where Jinja gives one, the line), with every other problem of the body.
     """
     limits = TemplateLimits.from_settings(settings)
     for part in _PARTS:
-        check_template(body.get(part), part, limits)
+        if not problems.failed(part):
+            with problems.checking(part):
+                check_template(body.get(part), part, limits)
+    problems.raise_if_any()
     return body
 
 

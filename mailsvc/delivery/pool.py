@@ -5,7 +5,8 @@ of the store's writer, and hands them over; each sender thread sends to the reci
 pending through its own transport (so an SMTP connection is reused from one message to the
 next) and records the outcome if the process still holds the lease. A new email wakes the
 claimer at once through a condition; it also looks every ``poll_seconds`` for mail that other
-processes queued, that is due for a retry, or whose lease ran out because its process died.
+processes queued, or whose lease ran out because its process died, and sooner when it knows
+that a scheduled email or a retry falls due before then.
 A keeper thread renews the leases this process holds every third of a lease, so a slow SMTP
 transaction never outlasts its lease and is taken over, and sent again, by another process.
 Where the store announces new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the
@@ -22,6 +23,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 from .. import statuses
@@ -29,11 +31,20 @@ from ..ids import new_id
 from ..mail.dkim import SigningKey, sign_message
 from ..mail.message import build_message
 from ..settings import Settings
-from ..store import EmailRecord, Store, Writes
+from ..store import Attachment, EmailRecord, Store, Writes
 from .outcome import RetryPolicy, decide, recipient_outcome
 from .transport import RelayUrl, Transport, open_transport
 
 log = logging.getLogger("mailsvc.delivery")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An email this process holds a lease on, with what sending it needs."""
+
+    email: EmailRecord
+    signing_key: SigningKey | None
+    attachments: list[Attachment]
 
 
 class DeliveryPool:
@@ -73,7 +84,7 @@ class DeliveryPool:
         self._stopped = threading.Event()
         #: The lease keeper, and the listener where the store announces mail.
         self._helpers: list[threading.Thread] = []
-        self._handoff: queue.SimpleQueue[tuple[EmailRecord, SigningKey | None] | None]
+        self._handoff: queue.SimpleQueue[Claimed | None]
         self._handoff = queue.SimpleQueue()
 
     def start(self) -> None:
@@ -153,36 +164,48 @@ class DeliveryPool:
                     return
                 self._signalled = False
                 wanted = self._idle_senders
+            next_due = None
             try:
                 # A claim lost with the power only means it is made again: no fsync for it.
-                batch = self.store.write(partial(self._claim, wanted=wanted), durable=False)
+                batch, next_due = self.store.write(
+                    partial(self._claim, wanted=wanted), durable=False
+                )
             except Exception:
                 log.exception("claiming mail failed; trying again at the next poll")
                 batch = []
             if batch and not self._running:
-                self._release([email for email, _ in batch])
+                self._release([item.email for item in batch])
                 return
             with self._held_lock:
-                self._held.update(email.seq for email, _ in batch)
+                self._held.update(item.email.seq for item in batch)
             with self._wakeup:
                 self._idle_senders -= len(batch)
                 if len(batch) == wanted:
                     self._signalled = True  # more may be due: claim again as senders free up
-                else:
-                    next_poll = time.monotonic() + self.settings.poll_seconds
+                else:  # the next poll, or sooner if a scheduled email or a retry is due
+                    wait = self.settings.poll_seconds
+                    if next_due is not None:
+                        # (not under 50 ms: a due row another host's claim has locked is
+                        # passed over until that claim commits)
+                        wait = min(wait, max(0.05, next_due - self.clock()))
+                    next_poll = time.monotonic() + wait
             for item in batch:
                 self._handoff.put(item)
 
-    def _claim(self, tx: Writes, wanted: int) -> list[tuple[EmailRecord, SigningKey | None]]:
+    def _claim(self, tx: Writes, wanted: int) -> tuple[list[Claimed], float | None]:
+        """The emails claimed, and, when fewer than wanted, when the next one falls due."""
         emails = tx.claim_due(self._owner, self.clock(), self.settings.lease_seconds, wanted)
+        next_due = tx.next_due_at() if len(emails) < wanted else None
         keys: dict[tuple[str, str], SigningKey | None] = {}
+        with_files = [email.seq for email in emails if email.attachments]
+        files = tx.attachment_contents(with_files) if with_files else {}
         batch = []
         for email in emails:
             place = (email.account_id, _domain_of(email.sender_address))
             if place not in keys:
                 keys[place] = tx.signing_key(*place)
-            batch.append((email, keys[place]))
-        return batch
+            batch.append(Claimed(email, keys[place], files.get(email.seq, [])))
+        return batch, next_due
 
     def _send_loop(self) -> None:
         transport = self.transport_factory(self.settings)
@@ -192,12 +215,12 @@ class DeliveryPool:
                 item = self._handoff.get()
                 if item is None:
                     return
-                email, key = item
+                email = item.email
                 try:
                     if not self._running:
                         self._release([email])
                     else:
-                        self._attempt(email, key, transport, self._owner)
+                        self._attempt(item, transport, self._owner)
                 except Exception:
                     log.exception(
                         "email %s: delivery attempt failed; its lease will expire", email.id
@@ -241,9 +264,8 @@ class DeliveryPool:
         seqs = [email.seq for email in emails]
         self.store.write(lambda tx: tx.release_claims(self._owner, seqs, self.clock()))
 
-    def _attempt(
-        self, email: EmailRecord, key: SigningKey | None, transport: Transport, owner: str
-    ) -> None:
+    def _attempt(self, claimed: Claimed, transport: Transport, owner: str) -> None:
+        email, key = claimed.email, claimed.signing_key
         pending = [
             (position, recipient)
             for position, recipient in enumerate(email.recipients)
@@ -251,7 +273,7 @@ class DeliveryPool:
         ]
 
         def build(utf8: bool) -> bytes:
-            message = build_message(email, utf8=utf8)
+            message = build_message(email, claimed.attachments, utf8=utf8)
             if key is None:
                 return message
             return sign_message(message, _domain_of(email.sender_address), key)

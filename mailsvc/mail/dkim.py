@@ -52,12 +52,18 @@ def dns_record(domain: str, key: SigningKey) -> dict[str, str]:
 
 
 def sign_message(message: bytes, domain: str, key: SigningKey) -> bytes:
-    """``message`` with a ``DKIM-Signature`` header in front."""
-    signature = dkim.DKIM(message).sign(
+    """``message`` with a ``DKIM-Signature`` header in front: every header field is signed
+    but those RFC 6376 says not to (``Received``, ``Return-Path``, ...), so a client's own
+    (``List-Unsubscribe``) are covered, and ``From`` is signed twice, so none can be added."""
+    signer = dkim.DKIM(message)
+    signed = signer.all_sign_headers()
+    signed += [name for name in signed if name.lower() in signer.frozen_sign]
+    signature = signer.sign(
         key.selector.encode("ascii"),
         domain.encode("ascii"),
         key.private_pem.encode("ascii"),
         canonicalize=(b"relaxed", b"relaxed"),
+        include_headers=signed,
     )
     return signature + message
 

@@ -1,8 +1,9 @@
 """Turning a queued email into the bytes that go on the wire.
 
 The message is rebuilt from the stored record on every attempt: ``Date`` is the time of
-acceptance and ``Message-ID`` was fixed when the email was queued, so a relay or a recipient
-can recognise a retry.
+acceptance (of a scheduled email, its time, so that it sorts where it arrives) and
+``Message-ID`` was fixed when the email was queued, so a relay or a recipient can recognise a
+retry.
 
 Written out directly rather than through :class:`email.message.EmailMessage`, whose header
 machinery costs about a millisecond a message: more than signing it. The parts that need care
@@ -14,9 +15,11 @@ what this writes with the standard library's parser.
 
 from __future__ import annotations
 
+import base64
 import binascii
 import re
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from email.header import Header
 from email.headerregistry import Address
@@ -24,56 +27,77 @@ from email.message import EmailMessage
 from email.policy import SMTP, SMTPUTF8
 from email.utils import format_datetime
 from functools import lru_cache
+from urllib.parse import quote
 
-from ..store import EmailRecord
+from ..store import Attachment, EmailRecord
+from .addresses import parse_mailbox
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 #: Characters that oblige a display name to be quoted (RFC 5322 specials).
 _SPECIALS = re.compile(r'[()<>\[\]:;@\\,."]')
 #: Plain 7-bit lines are kept as they are up to this length (RFC 5322 recommends 78).
 _MAX_PLAIN_LINE = 78
+#: A parameter value that can be written quoted as it is.
+_PLAIN_PARAMETER = re.compile(r"[ -~]{1,200}")
 
 
-def build_message(email: EmailRecord, utf8: bool = False) -> bytes:
+def build_message(
+    email: EmailRecord, attachments: Sequence[Attachment] = (), utf8: bool = False
+) -> bytes:
     """The RFC 5322 message of ``email``: CRLF line endings, no line over 998 octets (bodies
-    are 7-bit, quoted-printable where needed), non-ASCII header text as RFC 2047 words.
+    are 7-bit: quoted-printable where needed, attachments base64 in lines of 76), non-ASCII
+    header text as RFC 2047 words and non-ASCII file names per RFC 2231.
 
+    Its parts nest as mail clients expect: the text and html as ``multipart/alternative``; with
+    the inline files the html refers to (``cid:``), inside ``multipart/related``; with files
+    attached, inside ``multipart/mixed``.
+
+    :param attachments: the email's files, with their content, in order.
     :param utf8: the message goes under SMTPUTF8, so addresses may be raw UTF-8.
     """
-    # Without SMTPUTF8 a non-ASCII address cannot be written at all; the transport has failed
-    # such a recipient already, and it is left out of the headers rather than mangled.
-    shown = [r.address for r in email.recipients if utf8 or r.address.isascii()]
-    headers = [
-        ("From", _mailbox(email.sender_address, email.sender_name)),
-        ("To", ",\r\n ".join(_mailbox(address) for address in shown)),
-    ]
-    if email.reply_to and (utf8 or email.reply_to.isascii()):
-        headers.append(("Reply-To", _mailbox(email.reply_to)))
+    headers = [("From", _mailbox(email.sender_address, email.sender_name))]
+    for kind, name in (("to", "To"), ("cc", "Cc")):  # never Bcc: those are in the envelope only
+        # Without SMTPUTF8 a non-ASCII address cannot be written at all; the transport has
+        # failed such a recipient already, and it is left out rather than mangled.
+        shown = [
+            _mailbox(r.address, r.name)
+            for r in email.recipients
+            if r.kind == kind and (utf8 or r.address.isascii())
+        ]
+        if shown:
+            headers.append((name, ",\r\n ".join(shown)))
+    reply_to = [_stored_mailbox(box) for box in email.reply_to if utf8 or box.isascii()]
+    if reply_to:
+        headers.append(("Reply-To", ",\r\n ".join(reply_to)))
     headers += [
         ("Subject", _text_header(email.subject)),
-        ("Date", format_datetime(datetime.fromtimestamp(email.created_at, UTC))),
+        ("Date", format_datetime(datetime.fromtimestamp(_dated(email), UTC))),
         ("Message-ID", email.message_id),
+        *((name, _custom_header(name, value)) for name, value in email.headers),
         ("MIME-Version", "1.0"),
     ]
     if email.text is not None and email.html is not None:
-        boundary = f"=_{secrets.token_hex(12)}"
-        headers.append(("Content-Type", f'multipart/alternative; boundary="{boundary}"'))
-        body = (
-            f"--{boundary}\r\n".encode()
-            + _part("plain", email.text)
-            + f"\r\n--{boundary}\r\n".encode()
-            + _part("html", email.html)
-            + f"\r\n--{boundary}--\r\n".encode()
-        )
-        head = "".join(f"{name}: {value}\r\n" for name, value in headers) + "\r\n"
-        return _head_bytes(head, utf8) + body
-    subtype, content = ("plain", email.text) if email.text is not None else ("html", email.html)
+        content = _multipart("alternative", [_text("plain", email.text), _text("html", email.html)])
+    elif email.text is not None:
+        content = _text("plain", email.text)
+    else:
+        content = _text("html", email.html or "")
+    inline = [a for a in attachments if a.content_id and email.html is not None]
+    attached = [a for a in attachments if a not in inline]
+    if inline:
+        content = _multipart("related", [content, *(_file(a, inline=True) for a in inline)])
+    if attached:
+        content = _multipart("mixed", [content, *(_file(a, inline=False) for a in attached)])
     head = "".join(f"{name}: {value}\r\n" for name, value in headers)
-    return _head_bytes(head, utf8) + _part(subtype, content or "")
+    return _head_bytes(head, utf8) + content
 
 
-def _part(subtype: str, content: str) -> bytes:
-    """Content headers and body of one text part, ending in CRLF."""
+def _dated(email: EmailRecord) -> float:
+    return email.scheduled_at if email.scheduled_at is not None else email.created_at
+
+
+def _text(subtype: str, content: str) -> bytes:
+    """One text entity: its content headers, a blank line, its body ending in CRLF."""
     lines = _LINE_END.split(content)
     if lines[-1] == "":
         lines.pop()
@@ -87,6 +111,64 @@ def _part(subtype: str, content: str) -> bytes:
         f'Content-Type: text/{subtype}; charset="utf-8"\r\n'
         f"Content-Transfer-Encoding: {encoding}\r\n\r\n"
     ).encode("ascii") + body
+
+
+def _multipart(subtype: str, entities: Sequence[bytes]) -> bytes:
+    """A multipart entity of ``entities`` (each its headers, a blank line and a body)."""
+    boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
+    parts = b"".join(b"--" + boundary + b"\r\n" + entity + b"\r\n" for entity in entities)
+    return (
+        b'Content-Type: multipart/' + subtype.encode("ascii") + b'; boundary="' + boundary
+        + b'"\r\n\r\n' + parts + b"--" + boundary + b"--\r\n"
+    )  # fmt: skip
+
+
+def _file(attachment: Attachment, inline: bool) -> bytes:
+    """An attachment: base64 in lines of 76, its name as it was given (RFC 2231 if needed)."""
+    disposition = "inline" if inline else "attachment"
+    name, filename = (
+        _parameter("name", attachment.filename),
+        _parameter("filename", attachment.filename),
+    )
+    head = (
+        f"Content-Type: {attachment.content_type};\r\n {name}\r\n"
+        f"Content-Disposition: {disposition};\r\n {filename}\r\n"
+        "Content-Transfer-Encoding: base64\r\n"
+    )
+    if inline and attachment.content_id:
+        head += f"Content-ID: <{attachment.content_id}>\r\n"
+    body = base64.encodebytes(attachment.content).replace(b"\n", b"\r\n")
+    return head.encode("ascii") + b"\r\n" + body
+
+
+def _parameter(name: str, value: str) -> str:
+    """``name="value"``, or, for a value that is not plain printable ASCII, its RFC 2231
+    form, in continuations of at most 60 characters so that no line grows long."""
+    if _PLAIN_PARAMETER.fullmatch(value):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{name}="{escaped}"'
+    encoded = quote(value, safe="", encoding="utf-8")
+    pieces = re.findall(r"(?:%[0-9A-F]{2}|[^%]){1,60}", encoded)
+    if len(pieces) == 1:
+        return f"{name}*=utf-8''{encoded}"
+    return ";\r\n ".join(
+        f"{name}*{index}*={'utf-8' + chr(39) * 2 if index == 0 else ''}{piece}"
+        for index, piece in enumerate(pieces)
+    )
+
+
+def _custom_header(name: str, value: str) -> str:
+    """A client's header value: folded where long, RFC 2047 words where not ASCII."""
+    if value.isascii() and len(name) + len(value) < _MAX_PLAIN_LINE:
+        return value
+    charset = "us-ascii" if value.isascii() else "utf-8"
+    return Header(value, charset, header_name=name).encode(linesep="\r\n")
+
+
+def _stored_mailbox(text: str) -> str:
+    """A mailbox as the store keeps it (``Name <address>``), as a header writes it."""
+    box = parse_mailbox(text, "replyTo")
+    return _mailbox(box.address, box.name)
 
 
 def _mailbox(address: str, name: str | None = None) -> str:

@@ -19,6 +19,8 @@ from .contract import (
 from .records import (
     Account,
     ApiKey,
+    Attachment,
+    AttachmentInfo,
     Caller,
     Domain,
     EmailFilter,
@@ -26,6 +28,7 @@ from .records import (
     Event,
     IdempotentRequest,
     NewEmail,
+    NewRecipient,
     Recipient,
     Template,
 )
@@ -54,6 +57,8 @@ def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int =
 __all__ = [
     "Account",
     "ApiKey",
+    "Attachment",
+    "AttachmentInfo",
     "Caller",
     "CreditExhausted",
     "Domain",
@@ -64,6 +69,7 @@ __all__ = [
     "Event",
     "IdempotentRequest",
     "NewEmail",
+    "NewRecipient",
     "Recipient",
     "Reads",
     "SqliteStore",

@@ -22,6 +22,7 @@ from ..mail.dkim import SigningKey
 from .records import (
     Account,
     ApiKey,
+    Attachment,
     Caller,
     Domain,
     EmailFilter,
@@ -252,6 +253,27 @@ class Writes(Reads, Protocol):
         verified (checked by the insert itself); its sequence number, or None and nothing
         written. (Its timeline begins with its acceptance, ``created_at``: not an event row of
         its own.)"""
+        ...
+
+    def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
+        """The attachments of these emails, content and all, in order (for delivery)."""
+        ...
+
+    def cancel_email(self, account_id: str, email_id: str, now: float) -> int | None:
+        """Cancel the account's email if it is still ``scheduled``: its status and its
+        recipients' become ``canceled``, the credit it cost is given back and the event added.
+        The credit given back, or None when it is not (or no longer) scheduled. Checked and
+        changed in one update: of a cancel and a claim racing at its time, one wins."""
+        ...
+
+    def reschedule_email(self, account_id: str, email_id: str, at: float, now: float) -> bool:
+        """Move the account's ``scheduled`` email to ``at`` (an event says so); False when it
+        is not, or no longer, scheduled."""
+        ...
+
+    def next_due_at(self) -> float | None:
+        """The earliest time an email falls due (a scheduled time, a retry, a lease's end);
+        None when nothing waits. The claimer sleeps until then rather than polling for it."""
         ...
 
     def claim_due(

@@ -6,12 +6,13 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .records import EmailFilter, EmailRecord, Event, Recipient
+from .records import AttachmentInfo, EmailFilter, EmailRecord, Event, Recipient
 from .sql import Connection, Dialect, marks
 
 EMAIL_COLUMNS = (
     "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
-    "template_id, message_id, created_at, sent_at, last_error, attempts, due_at"
+    "template_id, message_id, created_at, sent_at, last_error, attempts, due_at, headers, "
+    "charged, scheduled_at"
 )
 
 
@@ -41,21 +42,66 @@ class HistoryVerbs:
         )
 
     def with_recipients(self, rows: Sequence[Sequence[Any]]) -> list[EmailRecord]:
-        """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order."""
+        """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order,
+        their tags and what their attachments are (not their content)."""
         if not rows:
             return []
-        by_email: dict[int, list[Recipient]] = {row[0]: [] for row in rows}
-        for recipient in self.connection.execute(
-            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply "
-            f"FROM recipients WHERE email_seq IN ({marks(len(rows))}) "
+        seqs = [row[0] for row in rows]
+        recipients: dict[int, list[Recipient]] = {seq: [] for seq in seqs}
+        for found in self.connection.execute(
+            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply, kind, name "
+            f"FROM recipients WHERE email_seq IN ({marks(len(seqs))}) "
             f"ORDER BY email_seq, position",
-            [row[0] for row in rows],
-        ):
-            by_email[recipient[0]].append(Recipient(*recipient[1:]))
+            seqs,
+        ).fetchall():
+            recipients[found[0]].append(Recipient(*found[1:]))
+        tags: dict[int, list[tuple[str, str]]] = {seq: [] for seq in seqs}
+        for seq, name, value in self.connection.execute(
+            f"SELECT email_seq, name, value FROM email_tags WHERE email_seq IN "
+            f"({marks(len(seqs))}) ORDER BY email_seq, position",
+            seqs,
+        ).fetchall():
+            tags[seq].append((name, value))
+        attachments: dict[int, list[AttachmentInfo]] = {seq: [] for seq in seqs}
+        for seq, *info in self.connection.execute(
+            f"SELECT email_seq, filename, content_type, content_id, length(content) "
+            f"FROM attachments WHERE email_seq IN ({marks(len(seqs))}) "
+            f"ORDER BY email_seq, position",
+            seqs,
+        ).fetchall():
+            attachments[seq].append(AttachmentInfo(*info))
         return [
-            EmailRecord(*row, recipients=tuple(by_email[row[0]]))  # type: ignore[misc]
+            EmailRecord(
+                seq=row[0],
+                id=row[1],
+                account_id=row[2],
+                status=row[3],
+                sender_name=row[4],
+                sender_address=row[5],
+                reply_to=tuple(self._json_list(row[6])),
+                subject=row[7],
+                html=row[8],
+                text=row[9],
+                template_id=row[10],
+                message_id=row[11],
+                created_at=row[12],
+                sent_at=row[13],
+                last_error=row[14],
+                attempts=row[15],
+                due_at=row[16],
+                headers=tuple((name, value) for name, value in self._json_list(row[17])),
+                charged=row[18],
+                scheduled_at=row[19],
+                recipients=tuple(recipients[row[0]]),
+                tags=tuple(tags[row[0]]),
+                attachments=tuple(attachments[row[0]]),
+            )
             for row in rows
         ]
+
+    def _json_list(self, stored: Any) -> list[Any]:
+        """A JSON array column's value; an empty list for NULL."""
+        return [] if stored is None else list(self.dialect.from_json(stored))
 
     def email_events(self, seqs: Sequence[int]) -> dict[int, list[Event]]:
         events: dict[int, list[Event]] = {seq: [] for seq in seqs}
@@ -72,7 +118,8 @@ class HistoryVerbs:
     def list_emails(
         self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
     ) -> list[EmailRecord]:
-        clauses, values = ["account_id = ?"], [account_id]
+        clauses: list[str] = ["account_id = ?"]
+        values: list[Any] = [account_id]
         conditions: list[tuple[str, Any]] = [
             ("seq < ?", before_seq),
             ("status = ?", where.status),
@@ -83,11 +130,16 @@ class HistoryVerbs:
                 "EXISTS (SELECT 1 FROM recipients WHERE email_seq = emails.seq AND address = ?)",
                 where.recipient,
             ),
+            (
+                "EXISTS (SELECT 1 FROM email_tags WHERE email_seq = emails.seq AND name = ? "
+                "AND value = ?)",
+                where.tag,
+            ),
         ]
         for clause, value in conditions:
             if value is not None:
                 clauses.append(clause)
-                values.append(value)
+                values.extend(value if isinstance(value, tuple) else [value])
         rows = self.connection.execute(
             f"SELECT {EMAIL_COLUMNS} FROM emails WHERE {' AND '.join(clauses)} "
             f"ORDER BY seq DESC LIMIT ?",

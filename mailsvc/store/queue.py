@@ -7,29 +7,37 @@ reason, so an email whose sender died is taken over once its lease runs out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Callable, Iterable, Sequence
 
 from .. import statuses
+from .accounts import CREDITS_CHECK
+from .contract import CreditExhausted
 from .history import EMAIL_COLUMNS, HistoryVerbs
-from .records import EmailRecord, NewEmail, Recipient
-from .sql import marks
+from .records import Attachment, EmailRecord, NewEmail, Recipient
+from .sql import Contended, marks
 
 
 class QueueVerbs(HistoryVerbs):
+    contended: Callable[[Contended], None]
+
     def enqueue_email(self, email: NewEmail) -> int | None:
         # The sender domain is checked by the insert itself: one statement, one round trip.
+        scheduled = email.scheduled_at is not None
         row = self.connection.execute(
             "INSERT INTO emails (id, account_id, status, sender_name, sender_address, reply_to, "
-            "subject, html, text, template_id, variables, message_id, created_at, due_at) "
-            "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM domains "
-            "WHERE account_id = ? AND name = ? AND verified_at IS NOT NULL) RETURNING seq",
+            "subject, html, text, template_id, variables, message_id, created_at, due_at, "
+            "headers, charged, scheduled_at) "
+            "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 "
+            "FROM domains WHERE account_id = ? AND name = ? AND verified_at IS NOT NULL) "
+            "RETURNING seq",
             (
                 email.id,
                 email.account_id,
-                statuses.QUEUED,
+                statuses.SCHEDULED if scheduled else statuses.QUEUED,
                 email.sender_name,
                 email.sender_address,
-                email.reply_to,
+                self._json(list(email.reply_to)) if email.reply_to else None,
                 email.subject,
                 email.html,
                 email.text,
@@ -37,7 +45,10 @@ class QueueVerbs(HistoryVerbs):
                 self.dialect.json_param(email.variables) if email.variables is not None else None,
                 email.message_id,
                 email.created_at,
-                email.created_at,
+                email.scheduled_at if scheduled else email.created_at,
+                self._json([list(pair) for pair in email.headers]) if email.headers else None,
+                email.charged,
+                email.scheduled_at,
                 email.account_id,
                 email.sender_address.rpartition("@")[2],
             ),
@@ -45,15 +56,85 @@ class QueueVerbs(HistoryVerbs):
         if row is None:
             return None
         seq: int = row[0]
-        values: list[object] = []
-        for position, address in enumerate(email.recipients):
-            values += [seq, position, address, statuses.QUEUED]
-        self.run(
-            "INSERT INTO recipients (email_seq, position, address, status) VALUES "
-            + ", ".join(["(?, ?, ?, ?)"] * len(email.recipients)),
-            values,
+        self._insert_rows(
+            "recipients (email_seq, position, address, status, kind, name)",
+            [
+                (seq, position, r.address, statuses.QUEUED, r.kind, r.name)
+                for position, r in enumerate(email.recipients)
+            ],
+        )
+        self._insert_rows(
+            "attachments (email_seq, position, filename, content_type, content_id, content)",
+            [
+                (seq, position, a.filename, a.content_type, a.content_id, a.content)
+                for position, a in enumerate(email.attachments)
+            ],
+        )
+        self._insert_rows(
+            "email_tags (email_seq, position, name, value)",
+            [(seq, position, name, value) for position, (name, value) in enumerate(email.tags)],
         )
         return seq
+
+    def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
+        """The attachments of these emails, content and all, in order (for delivery)."""
+        found: dict[int, list[Attachment]] = {seq: [] for seq in seqs}
+        if not seqs:
+            return found
+        for seq, filename, content_type, content, content_id in self.connection.execute(
+            f"SELECT email_seq, filename, content_type, content, content_id FROM attachments "
+            f"WHERE email_seq IN ({marks(len(seqs))}) ORDER BY email_seq, position",
+            list(seqs),
+        ).fetchall():
+            found[seq].append(Attachment(filename, content_type, bytes(content), content_id))
+        return found
+
+    def cancel_email(self, account_id: str, email_id: str, now: float) -> int | None:
+        # Scheduled and not yet claimed, checked and changed in one update: of a cancel and a
+        # claim racing at the scheduled time, exactly one wins.
+        row = self.connection.execute(
+            "UPDATE emails SET status = ?, due_at = NULL WHERE id = ? AND account_id = ? "
+            "AND status = ? RETURNING seq, charged",
+            (statuses.CANCELED, email_id, account_id, statuses.SCHEDULED),
+        ).fetchone()
+        if row is None:
+            return None
+        seq, charged = row
+        self.run("UPDATE recipients SET status = ? WHERE email_seq = ?", (statuses.CANCELED, seq))
+        if charged:  # a gift to the hot row: it waits for the commit with the other writes
+            self.contended(
+                Contended(
+                    "UPDATE accounts SET credits = credits + ? WHERE id = ?",
+                    (charged, account_id),
+                    CREDITS_CHECK,
+                    lambda: CreditExhausted(0),
+                )
+            )
+        self.add_event(seq, now, statuses.CANCELED, {"refunded": charged})
+        return int(charged)
+
+    def reschedule_email(self, account_id: str, email_id: str, at: float, now: float) -> bool:
+        row = self.connection.execute(
+            "UPDATE emails SET due_at = ?, scheduled_at = ? WHERE id = ? AND account_id = ? "
+            "AND status = ? RETURNING seq",
+            (at, at, email_id, account_id, statuses.SCHEDULED),
+        ).fetchone()
+        if row is None:
+            return False
+        self.add_event(row[0], now, "rescheduled", {"scheduledAt": at})
+        return True
+
+    def _insert_rows(self, table: str, rows: Sequence[Sequence[object]]) -> None:
+        """Rows into ``table (columns)``, in one statement whose result is not read."""
+        if rows:
+            row = "(" + ", ".join("?" * len(rows[0])) + ")"
+            self.run(
+                f"INSERT INTO {table} VALUES " + ", ".join([row] * len(rows)),
+                [value for values in rows for value in values],
+            )
+
+    def _json(self, value: object) -> object:
+        return self.dialect.json_param(json.dumps(value))
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
         """The account's email with this id; None for an unknown id or another account's."""
@@ -75,6 +156,12 @@ class QueueVerbs(HistoryVerbs):
             (statuses.SENDING, owner, now + lease_seconds, now, limit),
         ).fetchall()
         return self.with_recipients(rows)
+
+    def next_due_at(self) -> float | None:
+        row = self.connection.execute(
+            "SELECT min(due_at) FROM emails WHERE due_at IS NOT NULL"
+        ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
     def finish_attempt(
         self,

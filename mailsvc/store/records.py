@@ -54,6 +54,38 @@ class Recipient:
     smtp_code: int | None = None
     enhanced_code: str | None = None
     reply: str | None = None
+    #: ``to``, ``cc`` or ``bcc``.
+    kind: str = "to"
+    #: The display name the client gave, if any.
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class NewRecipient:
+    address: str
+    kind: str = "to"
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A file sent with an email, stored with it (decoded) and delivered byte for byte."""
+
+    filename: str
+    content_type: str
+    content: bytes
+    #: Set for an inline part, referenced as ``cid:`` from the html.
+    content_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AttachmentInfo:
+    """An attachment as the API shows it: everything but its content."""
+
+    filename: str
+    content_type: str
+    content_id: str | None
+    size: int
 
 
 @dataclass(frozen=True)
@@ -64,15 +96,25 @@ class NewEmail:
     account_id: str
     sender_name: str | None
     sender_address: str
-    recipients: tuple[str, ...]
+    recipients: tuple[NewRecipient, ...]
     subject: str
     html: str | None
     text: str | None
-    reply_to: str | None
-    template_id: str | None
-    variables: str | None
     message_id: str
     created_at: float
+    #: Each ``address`` or ``Name <address>``.
+    reply_to: tuple[str, ...] = ()
+    template_id: str | None = None
+    #: The template's variables, as JSON text.
+    variables: str | None = None
+    #: The client's own header fields, in order.
+    headers: tuple[tuple[str, str], ...] = ()
+    attachments: tuple[Attachment, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    #: When to send it; None: at once.
+    scheduled_at: float | None = None
+    #: The credit it cost, given back if it is canceled.
+    charged: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,7 +125,7 @@ class EmailRecord:
     status: str
     sender_name: str | None
     sender_address: str
-    reply_to: str | None
+    reply_to: tuple[str, ...]
     subject: str
     html: str | None
     text: str | None
@@ -95,7 +137,12 @@ class EmailRecord:
     attempts: int
     #: The next attempt while queued or deferred; the end of the lease while sending.
     due_at: float | None
+    headers: tuple[tuple[str, str], ...] = ()
+    charged: int = 0
+    scheduled_at: float | None = None
     recipients: tuple[Recipient, ...] = field(default=())
+    tags: tuple[tuple[str, str], ...] = field(default=())
+    attachments: tuple[AttachmentInfo, ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -114,6 +161,8 @@ class EmailFilter:
     sender: str | None = None
     since: float | None = None
     until: float | None = None
+    #: ``(name, value)``: emails with this tag.
+    tag: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

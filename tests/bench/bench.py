@@ -49,7 +49,7 @@ from mailsvc import operator
 from mailsvc.ids import new_id
 from mailsvc.mail.dkim import sign_message
 from mailsvc.mail.message import build_message
-from mailsvc.store import NewEmail, Writes, open_store
+from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
 
 from ..servers import Gunicorn, free_port
 from . import openloop, postfix
@@ -286,19 +286,16 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
             email_id = new_id("em")
             tx.enqueue_email(
                 NewEmail(
-                    email_id,
-                    account_id,
-                    "Bench",
-                    f"receipts@{DOMAIN}",
-                    ("user0@example.org",),
-                    "Your receipt",
-                    HTML,
-                    "Your receipt.",
-                    None,
-                    None,
-                    None,
-                    f"<{email_id}@{DOMAIN}>",
-                    now,
+                    id=email_id,
+                    account_id=account_id,
+                    sender_name="Bench",
+                    sender_address=f"receipts@{DOMAIN}",
+                    recipients=(NewRecipient("user0@example.org"),),
+                    subject="Your receipt",
+                    html=HTML,
+                    text="Your receipt.",
+                    message_id=f"<{email_id}@{DOMAIN}>",
+                    created_at=now,
                 )
             )
         return tx.get_email(account_id, email_id), tx.signing_key(account_id, DOMAIN)

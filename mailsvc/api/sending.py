@@ -1,0 +1,226 @@
+"""What a send request asks for, parsed: for ``POST /v1/emails`` and each item of a batch.
+
+Every problem of a body is reported at once (:class:`~mailsvc.validation.Problems`): the
+schema's, then each address, attachment, header and tag that does not parse, and the count of
+recipients. Then, in the request's own thread, a request becomes the email to queue
+(:func:`prepare`): its template rendered, its schedule checked against the clock, its cost
+counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import statuses
+from ..auth import Principal
+from ..errors import Forbidden, ValidationFailed
+from ..ids import new_id
+from ..mail.addresses import Mailbox, parse_mailbox
+from ..mail.attachments import AttachmentLimits, parse_attachments
+from ..mail.headers import parse_headers
+from ..mail.rendering import render
+from ..services import Services
+from ..settings import Settings
+from ..store import Attachment, NewEmail, NewRecipient, Reads
+from ..timestamps import parse_instant
+from ..validation import Problems
+
+#: Recipients of one email at most, across to, cc and bcc (SPEC section 8).
+MAX_RECIPIENTS = 50
+_KINDS = ("to", "cc", "bcc")
+
+
+@dataclass(frozen=True)
+class SendRequest:
+    """A send request body, parsed."""
+
+    sender: Mailbox
+    to: tuple[Mailbox, ...]
+    cc: tuple[Mailbox, ...]
+    bcc: tuple[Mailbox, ...]
+    reply_to: tuple[Mailbox, ...]
+    subject: str
+    html: str | None
+    text: str | None
+    template_id: str | None
+    variables: dict[str, Any] | None
+    attachments: tuple[Attachment, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    scheduled_at: float | None = None
+
+    @property
+    def recipients(self) -> tuple[NewRecipient, ...]:
+        """Every recipient once (the first time it is named, in to, cc, bcc order): nobody
+        gets the mail twice and nobody is charged twice."""
+        unique: dict[str, NewRecipient] = {}
+        for kind, boxes in zip(_KINDS, (self.to, self.cc, self.bcc), strict=True):
+            for box in boxes:
+                unique.setdefault(box.address, NewRecipient(box.address, kind, box.name))
+        return tuple(unique.values())
+
+
+def parse_send_request(body: dict[str, Any], settings: Settings, problems: Problems) -> SendRequest:
+    """:raises ValidationFailed: listing every problem of the body."""
+    request = read_request(body, settings, problems)
+    problems.raise_if_any()
+    assert request is not None
+    return request
+
+
+def parse_batch(
+    body: list[dict[str, Any]], settings: Settings, problems: Problems
+) -> list[SendRequest]:
+    """:raises ValidationFailed: listing every problem of every item (``[3].to: ...``)."""
+    requests = [
+        read_request(item, settings, problems.within(f"[{index}]."))
+        if isinstance(item, dict)
+        else None
+        for index, item in enumerate(body)
+    ]
+    problems.raise_if_any()
+    return [request for request in requests if request is not None]
+
+
+def read_request(
+    body: dict[str, Any], settings: Settings, problems: Problems
+) -> SendRequest | None:
+    """The request, as far as it parses; each problem noted in ``problems``."""
+    boxes = {field: _mailboxes(body, field, problems) for field in (*_KINDS, "replyTo")}
+    sender = None
+    if not problems.failed("from") and "from" in body:
+        with problems.checking("from"):
+            sender = parse_mailbox(body["from"], "from")
+    request_fields: dict[str, Any] = {}
+    if not problems.failed("attachments"):
+        limits = AttachmentLimits(settings.attachments_max_bytes, settings.attachments_max_count)
+        request_fields["attachments"] = parse_attachments(
+            body.get("attachments", []), limits, problems
+        )
+    if not problems.failed("headers"):
+        request_fields["headers"] = parse_headers(body.get("headers", {}), problems)
+    if not problems.failed("tags"):
+        pairs = ((tag["name"], tag["value"]) for tag in body.get("tags", []))
+        request_fields["tags"] = tuple(dict.fromkeys(pairs))
+    if "scheduledAt" in body and not problems.failed("scheduledAt"):
+        with problems.checking("scheduledAt"):
+            request_fields["scheduled_at"] = parse_instant(body["scheduledAt"], "scheduledAt")
+    if problems.failed() or sender is None:
+        return None
+    request = SendRequest(
+        sender=sender,
+        to=boxes["to"],
+        cc=boxes["cc"],
+        bcc=boxes["bcc"],
+        reply_to=boxes["replyTo"],
+        subject=body["subject"],
+        html=body.get("html"),
+        text=body.get("text"),
+        template_id=body.get("templateId"),
+        variables=body.get("variables"),
+        **request_fields,
+    )
+    if len(request.recipients) > MAX_RECIPIENTS:
+        problems.add("to", f"at most {MAX_RECIPIENTS} recipients in all, across to, cc and bcc")
+        return None
+    return request
+
+
+def _mailboxes(body: dict[str, Any], field: str, problems: Problems) -> tuple[Mailbox, ...]:
+    value = body.get(field)
+    if value is None or problems.failed(field):
+        return ()
+    items = (
+        [(field, value)]
+        if isinstance(value, str)
+        else [(f"{field}[{index}]", item) for index, item in enumerate(value)]
+    )
+    parsed = []
+    for name, item in items:
+        with problems.checking(name):
+            parsed.append(parse_mailbox(item, name))
+    return tuple(parsed)
+
+
+def prepare(
+    reads: Reads, principal: Principal, services: Services, request: SendRequest
+) -> NewEmail:
+    """The email a request asks for, ready to queue: its template rendered (outside any lock),
+    its schedule checked against the clock, its cost counted. No write.
+
+    :raises ServiceError: the key may not send from that domain (403), or the template or the
+        schedule refuses (400).
+    """
+    account_id = principal.account_id
+    domain = request.sender.address.rpartition("@")[2]
+    if principal.domain is not None and domain != principal.domain:
+        raise Forbidden(f"from: this API key may only send from {principal.domain}")
+    subject, html, text = request.subject, request.html, request.text
+    if request.template_id is not None:
+        subject, html, text = _render_template(reads, account_id, request, services)
+    now = services.clock()
+    if request.scheduled_at is not None:
+        ahead = services.settings.schedule_max_days * 86400
+        if request.scheduled_at <= now:
+            raise ValidationFailed("scheduledAt: must be in the future")
+        if request.scheduled_at > now + ahead:
+            raise ValidationFailed(
+                f"scheduledAt: at most {services.settings.schedule_max_days:g} days ahead "
+                f"(MAILSVC_SCHEDULE_MAX_DAYS)"
+            )
+    recipients = request.recipients
+    email_id = new_id("em")
+    return NewEmail(
+        id=email_id,
+        account_id=account_id,
+        sender_name=request.sender.name,
+        sender_address=request.sender.address,
+        recipients=recipients,
+        subject=subject,
+        html=html,
+        text=text,
+        message_id=f"<{email_id}@{domain}>",
+        created_at=now,
+        reply_to=tuple(str(box) for box in request.reply_to),
+        template_id=request.template_id,
+        variables=json.dumps(request.variables) if request.variables is not None else None,
+        headers=request.headers,
+        attachments=request.attachments,
+        tags=request.tags,
+        scheduled_at=request.scheduled_at,
+        charged=len(recipients) * services.settings.credits_per_recipient,
+    )
+
+
+def accepted(email: NewEmail) -> dict[str, str]:
+    """The answer to a send: the email's id and status."""
+    status = statuses.SCHEDULED if email.scheduled_at is not None else statuses.QUEUED
+    return {"id": email.id, "status": status}
+
+
+def _render_template(
+    reads: Reads, account_id: str, request: SendRequest, services: Services
+) -> tuple[str, str | None, str | None]:
+    """The subject, html and text of the request's template, rendered with its variables."""
+    template = reads.get_template(account_id, request.template_id or "")
+    if template is None:
+        raise ValidationFailed(f"templateId: template {request.template_id} not found")
+    rendered = render(
+        template.subject,
+        template.html,
+        template.text,
+        request.variables or {},
+        services.template_limits,
+    )
+    subject = rendered.subject if rendered.subject is not None else request.subject
+    if any(character in subject for character in "\r\n\x00"):
+        raise ValidationFailed("subject: the rendered subject must not contain CR, LF or NUL")
+    if len(subject) > 255:
+        raise ValidationFailed("subject: the rendered subject is over 255 characters")
+    return subject, rendered.html, rendered.text
+
+
+__all__: Sequence[str] = ["SendRequest", "accepted", "parse_batch", "parse_send_request", "prepare"]
