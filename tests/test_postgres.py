@@ -3,6 +3,7 @@ moving an SQLite store there, and two hosts on one database."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.store import SqliteStore, open_store
 from mailsvc.store.postgres import PostgresStore
+from mailsvc.timestamps import iso_time
 
 from .conftest import VERIFIED, count_by_status, email_body, make_tenant, run_cli
 from .servers import ROOT, Gunicorn, request
@@ -125,14 +127,34 @@ def test_migrate_data_moves_everything_and_queued_mail_is_delivered_once(
         for n in range(4)
     ]
     cursor = client.get("/v1/emails?limit=2", headers=tenant.headers).get_json()["nextCursor"]
+    receipt = bytes(range(256)) * 4
+    rich = client.post(
+        "/v1/emails",
+        json=email_body(
+            to="Alice Smith <alice@example.org>",
+            cc="carol@example.org",
+            bcc="dave@example.org",
+            replyTo=["Help <help@example.org>"],
+            headers={"X-Order": "42"},
+            tags=[{"name": "kind", "value": "receipt"}],
+            attachments=[{"filename": "r.pdf", "content": base64.b64encode(receipt).decode()}],
+            scheduledAt=iso_time(clock() + 3600),
+        ),
+        headers=tenant.headers,
+    ).get_json()["id"]
+    before = {
+        email_id: client.get(f"/v1/emails/{email_id}", headers=tenant.headers).get_json()
+        for email_id in [*queued, rich]
+    }
     old.stop()
 
     source = {"MAILSVC_DATABASE": sqlite_config["database"]}
     moved = run_cli(source, "migrate-data", "--to", database)
     assert moved.returncode == 0, moved.stderr
     report = json.loads(moved.stdout)
-    assert report["copied"]["emails"] == 5 and report["copied"]["accounts"] == 1
-    assert report["copied"]["recipients"] == 5 and report["copied"]["idempotency_keys"] == 1
+    assert report["copied"]["emails"] == 6 and report["copied"]["accounts"] == 1
+    assert report["copied"]["recipients"] == 8 and report["copied"]["idempotency_keys"] == 1
+    assert report["copied"]["attachments"] == 1 and report["copied"]["email_tags"] == 1
     again = run_cli(source, "migrate-data", "--to", database)
     assert again.returncode == 1 and "the PostgreSQL store is not empty" in again.stderr
 
@@ -145,11 +167,28 @@ def test_migrate_data_moves_everything_and_queued_mail_is_delivered_once(
         assert [email["id"] for email in page.get_json()["data"]] == queued[2::-1][:2]
         shown = moved_client.get(f"/v1/templates/{template['id']}", headers=tenant.headers)
         assert shown.get_json()["text"] == "Hi {{ n }}"
+        for email_id, seen in before.items():  # everything an email is, as the API shows it
+            assert (
+                moved_client.get(f"/v1/emails/{email_id}", headers=tenant.headers).get_json()
+                == seen
+            )
         new.start()
         sink.wait_for(5, timeout=20)
-        time.sleep(1.0)  # a second delivery would arrive now
+        time.sleep(1.0)  # a second delivery would arrive now, and the scheduled one is not due
         received = Counter(message.message_id for message in sink.messages)
         assert received == Counter({f"<{email_id}@{VERIFIED}>": 1 for email_id in queued})
+        clock.advance(3600)
+        new.delivery.wake()
+        arrived = sink.wait_for(6, timeout=20)[-1]
+        assert arrived.message_id == f"<{rich}@{VERIFIED}>"
+        assert sorted(arrived.recipients) == [
+            "alice@example.org",
+            "carol@example.org",
+            "dave@example.org",
+        ]
+        assert arrived.message["X-Order"] == "42" and "Bcc" not in arrived.message
+        [file] = list(arrived.message.iter_attachments())
+        assert file.get_filename() == "r.pdf" and file.get_content() == receipt
         after = moved_client.post("/v1/emails", json=email_body(), headers=tenant.headers)
         assert after.status_code == 200
     finally:
