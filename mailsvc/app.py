@@ -44,6 +44,7 @@ from .services import build_services
 from .settings import Settings, load_settings
 from .store import CreditExhausted, Store, TokenExhausted, Writes, open_store
 from .validation import Schemas
+from .webhooks.pool import WebhookPool
 
 
 class MailService:
@@ -61,18 +62,32 @@ class MailService:
         )
         self.schemas = Schemas()
         self.services = build_services(settings, clock, self.store)
-        self.delivery = DeliveryPool(self.store, settings, clock)
+        self.webhooks = WebhookPool(
+            self.store, settings, clock, self.services.dns, self.services.webhook_secrets
+        )
+        self.delivery = DeliveryPool(
+            self.store,
+            settings,
+            clock,
+            return_path=self.services.return_path,
+            on_events=self.webhooks.wake,
+        )
         self.url_map: Map = URL_MAP
 
     def start(self) -> None:
-        """Start the delivery threads of this process (after ``fork()``)."""
+        """Start the delivery threads of this process, mail's and webhooks' (after
+        ``fork()``)."""
         self.delivery.start()
+        self.webhooks.start()
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
-        """Stop delivery; when graceful, let the SMTP transactions in flight finish first. Then
-        the store lets go of this process's connections and threads (it opens them again if the
-        app is used afterwards)."""
+        """Stop delivery; when graceful, let the SMTP transactions and webhook requests in
+        flight finish first. Then the store lets go of this process's connections and threads
+        (it opens them again if the app is used afterwards)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.delivery.stop(graceful=graceful, timeout=timeout)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.webhooks.stop(graceful=graceful, timeout=left)
         self.store.shutdown()
 
     def __call__(
@@ -163,6 +178,8 @@ class MailService:
             return _replayed(replay)
         if change.wakes_delivery:
             self.delivery.wake()
+        if change.wakes_webhooks:
+            self.webhooks.wake()
         return _json_response(body, endpoint.status)
 
     def _claim(self, request: Request, caller: Principal, given: Input, now: float) -> Claim | None:

@@ -24,9 +24,11 @@ class Change:
     :param replayed: what a retry with the same ``Idempotency-Key`` gets instead of ``answer``,
         when the answer holds a secret that must not be stored.
     :param wakes_delivery: the change queued mail.
+    :param wakes_webhooks: the change may have made webhook events.
     """
 
     apply: Callable[[Writes], None] | None
     answer: dict[str, Any]
     replayed: dict[str, Any] | None = None
     wakes_delivery: bool = False
+    wakes_webhooks: bool = False

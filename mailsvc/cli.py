@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import operator
+from .inbound.reports import MAX_REPORT_BYTES
 from .services import build_services
 from .settings import SettingsError, load_settings
 from .startup import open_checked_store
 from .store import Store, StoreUnavailable
+
+#: sysexits.h: a temporary failure; the caller (an MTA) should try again later.
+EX_TEMPFAIL = 75
 
 Action = Callable[[Store, argparse.Namespace], dict[str, Any]]
 
@@ -111,6 +116,49 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--group", required=True, choices=("send", "list", "other"))
     sub.add_argument("--per-minute", type=int, required=True)
 
+    noun = nouns.add_parser(
+        "suppressions", help="addresses an account no longer sends to"
+    ).add_subparsers(dest="verb", required=True)
+    sub = command(
+        noun,
+        "list",
+        lambda db, a: operator.list_suppressions(db, a.account, a.reason),
+        "list an account's suppressed addresses, newest first",
+    )
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--reason", choices=("bounced", "complained", "manual"))
+    sub = command(
+        noun,
+        "add",
+        lambda db, a: operator.add_suppression(db, a.account, a.address, a.reason),
+        "stop sending to an address",
+    )
+    sub.add_argument("--account", required=True)
+    sub.add_argument("--reason", choices=("bounced", "complained", "manual"), default="manual")
+    sub.add_argument("address", metavar="ADDRESS")
+    sub = command(
+        noun,
+        "remove",
+        lambda db, a: operator.remove_suppression(db, a.account, a.address),
+        "send to an address again",
+    )
+    sub.add_argument("--account", required=True)
+    sub.add_argument("address", metavar="ADDRESS")
+
+    sub = nouns.add_parser(
+        "inbound",
+        help="use a bounce or complaint report: one message on stdin, or a Maildir's new mail",
+        description="Exits 0 when the message was used or is not a report, 75 (EX_TEMPFAIL) "
+        "when the store could not be written, so that the MTA tries again.",
+    )
+    sub.set_defaults(action=_inbound)
+    sub.add_argument(
+        "--recipient",
+        metavar="ADDRESS",
+        help="the envelope recipient (Postfix pipe: ${recipient}); else read from the headers",
+    )
+    sub.add_argument("--maildir", metavar="DIR", help="use every message in DIR/new, then cur")
+
     sub = nouns.add_parser(
         "migrate-data",
         help="copy this SQLite store (MAILSVC_DATABASE) into an empty PostgreSQL database",
@@ -122,7 +170,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:
+    if arguments.maildir:
+        return operator.receive_maildir(store, arguments.services, arguments.maildir)
+    raw = sys.stdin.buffer.read(MAX_REPORT_BYTES)
+    return operator.receive_report(store, arguments.services, raw, arguments.recipient)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="mailsvc: %(message)s", stream=sys.stderr)
     arguments = _parser().parse_args(argv)
     try:
         settings = load_settings()
@@ -131,7 +187,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments.settings = settings
         arguments.services = build_services(settings, time.time, store)
         result = arguments.action(store, arguments)
-    except (operator.OperatorError, SettingsError, StoreUnavailable) as exc:
+    except operator.TryLater as exc:
+        print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EX_TEMPFAIL
+    except StoreUnavailable as exc:
+        print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EX_TEMPFAIL if arguments.action is _inbound else 1
+    except (operator.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     print(json.dumps(result))

@@ -6,24 +6,38 @@ Used by the CLI; each takes the store and returns the data to show. Each raises
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from .api.domains import check_domain
+from .api.suppressions import present_suppression
 from .auth import SCOPES, issue_key
 from .errors import ServiceError, ValidationFailed
 from .ids import new_id
-from .mail.addresses import normalise_domain
+from .inbound.processing import Outcome, apply_report, match_report
+from .inbound.reports import read_report
+from .mail.addresses import normalise_domain, parse_address
 from .mail.dkim import dns_record, new_signing_key
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
 from .store import POSTGRES_SCHEMES, Domain, DomainTaken, Reads, Store, StoreUnavailable, Writes
 
+log = logging.getLogger("mailsvc.operator")
+
 
 class OperatorError(Exception):
     """An operator action that cannot be done, with the reason."""
+
+
+class TryLater(OperatorError):
+    """The store could not be read or written: the action may succeed later (an MTA that
+    hands over a report tries again: sysexits' ``EX_TEMPFAIL``)."""
 
 
 def create_account(store: Store, name: str, credits: int = 0) -> dict[str, Any]:
@@ -183,3 +197,98 @@ def _domain_name(domain: str) -> str:
 def _require_account(reads: Reads, account_id: str) -> None:
     if reads.get_account(account_id) is None:
         raise OperatorError(f"account {account_id}: not found")
+
+
+# -- bounces and complaints, suppressions ------------------------------------------------------
+
+
+def receive_report(
+    store: Store, services: Services, raw: bytes, recipient: str | None = None
+) -> dict[str, Any]:
+    """Use one message that came back (``mailsvc inbound``): a bounce or a complaint report
+    changes what it is about; anything else is left alone.
+
+    :param recipient: the envelope recipient, as the MTA gives it (Postfix's ``${recipient}``).
+    :raises TryLater: the store could not be read or written.
+    """
+    try:
+        report = read_report(raw, recipient)
+    except Exception as exc:  # a message no parser can read is no report mailsvc can use
+        log.warning("inbound: an unreadable message was left alone: %s", exc)
+        return {"result": "not a report"}
+    if report is None:
+        log.info("inbound: not a bounce or a complaint; left alone")
+        return {"result": "not a report"}
+    try:
+        found = match_report(report, store.reads, services.return_path())
+        if isinstance(found, Outcome):
+            log.warning(
+                "inbound: a %s report (%s) was ignored: %s",
+                report.format,
+                report.key,
+                "its return path's MAC is wrong"
+                if found.result == "unverifiable"
+                else "it names no email this store knows",
+            )
+            return asdict(found)
+        outcome = store.write(apply_report(report, found, services.clock()))
+    except Exception as exc:
+        raise TryLater(f"the store could not be used ({type(exc).__name__}: {exc})") from None
+    return asdict(outcome)
+
+
+def receive_maildir(store: Store, services: Services, folder: str) -> dict[str, Any]:
+    """Use every new message of a Maildir (``mailsvc inbound --maildir``), each moved to
+    ``cur`` once used; one the store could not take stays in ``new`` for the next run.
+
+    :raises TryLater: the store could not be used (the rest wait for the next run).
+    """
+    new, cur = Path(folder) / "new", Path(folder) / "cur"
+    if not new.is_dir():
+        raise OperatorError(f"--maildir: {folder} is not a Maildir (it has no new/)")
+    cur.mkdir(exist_ok=True)
+    results: dict[str, int] = {}
+    for path in sorted(new.iterdir()):
+        if not path.is_file():
+            continue
+        outcome = receive_report(store, services, path.read_bytes())
+        results[outcome["result"]] = results.get(outcome["result"], 0) + 1
+        seen = path.name if ":2," in path.name else f"{path.name}:2,S"
+        os.rename(path, cur / seen)
+    return {"processed": sum(results.values()), "results": results}
+
+
+def add_suppression(
+    store: Store, account_id: str, address: str, reason: str = "manual"
+) -> dict[str, Any]:
+    key = _address(address)
+
+    def add(tx: Writes) -> bool:
+        _require_account(tx, account_id)
+        return tx.add_suppression(account_id, key, reason, None, None, time.time())
+
+    if not store.write(add):
+        raise OperatorError(f"address {key}: already suppressed")
+    return {"account": account_id, "address": key.lower(), "reason": reason}
+
+
+def remove_suppression(store: Store, account_id: str, address: str) -> dict[str, Any]:
+    key = _address(address)
+    if not store.write(lambda tx: tx.delete_suppression(account_id, key)):
+        raise OperatorError(f"address {key}: not suppressed for account {account_id}")
+    return {"account": account_id, "address": key.lower(), "deleted": True}
+
+
+def list_suppressions(
+    store: Store, account_id: str, reason: str | None = None, limit: int = 100
+) -> dict[str, Any]:
+    _require_account(store.reads, account_id)
+    found = store.reads.list_suppressions(account_id, reason, None, limit)
+    return {"account": account_id, "data": [present_suppression(s) for s in found]}
+
+
+def _address(address: str) -> str:
+    try:
+        return parse_address(address.strip(), "address")
+    except ValidationFailed as exc:
+        raise OperatorError(exc.message) from None

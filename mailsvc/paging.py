@@ -15,7 +15,6 @@ from __future__ import annotations
 import base64
 import binascii
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +22,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .errors import ValidationFailed
-from .store import Store
+from .keyring import Keyring
 
 Item = TypeVar("Item")
 
@@ -33,13 +32,11 @@ _SECRET_NAME = "cursors"
 
 
 class Cursors:
-    """Seals and opens the cursors of one service; the key is fetched from the store (or made
-    there, once for every process and host) the first time a cursor is needed."""
+    """Seals and opens the cursors of one service, under a key of the :class:`Keyring`."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, keyring: Keyring) -> None:
+        self._keyring = keyring
         self._aead: AESGCM | None = None
-        self._lock = threading.Lock()
 
     def seal(self, seq: int, account_id: str, listing: str) -> str:
         nonce = os.urandom(_NONCE)
@@ -64,15 +61,7 @@ class Cursors:
 
     def _cipher(self) -> AESGCM:
         if self._aead is None:
-            with self._lock:
-                if self._aead is None:
-                    key = self._store.reads.get_service_secret(_SECRET_NAME)
-                    if key is None:
-                        candidate = AESGCM.generate_key(bit_length=128)
-                        key = self._store.write(
-                            lambda tx: tx.service_secret(_SECRET_NAME, candidate)
-                        )
-                    self._aead = AESGCM(key)
+            self._aead = AESGCM(self._keyring.key(_SECRET_NAME, 16))
         return self._aead
 
 

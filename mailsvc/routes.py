@@ -8,7 +8,7 @@ from typing import Any
 
 from werkzeug.routing import Map, Rule
 
-from .api import account, api_keys, domains, emails, sending, templates
+from .api import account, api_keys, domains, emails, sending, suppressions, templates, webhooks
 from .auth import FULL, SENDING
 from .ratelimit import LIST, OTHER, SEND
 from .settings import Settings
@@ -115,6 +115,28 @@ LIST_KEYS = Endpoint(api_keys.list_api_keys, OTHER, schema="page_query")
 REVOKE_KEY = Endpoint(api_keys.revoke_api_key, OTHER, writes=True)
 GET_ACCOUNT = Endpoint(account.get_account, OTHER)
 
+LIST_SUPPRESSIONS = Endpoint(suppressions.list_suppressions, OTHER, schema="list_suppressions")
+CREATE_SUPPRESSION = Endpoint(
+    suppressions.create_suppression,
+    OTHER,
+    schema="new_suppression",
+    parse=suppressions.parse_new_suppression,
+    status=201,
+    writes=True,
+)
+DELETE_SUPPRESSION = Endpoint(suppressions.delete_suppression, OTHER, writes=True)
+
+CREATE_WEBHOOK = Endpoint(
+    webhooks.create_webhook, OTHER, schema="new_webhook", status=201, writes=True
+)
+LIST_WEBHOOKS = Endpoint(webhooks.list_webhooks, OTHER, schema="page_query")
+GET_WEBHOOK = Endpoint(webhooks.get_webhook, OTHER)
+UPDATE_WEBHOOK = Endpoint(webhooks.update_webhook, OTHER, schema="webhook_update", writes=True)
+DELETE_WEBHOOK = Endpoint(webhooks.delete_webhook, OTHER, writes=True)
+ROTATE_WEBHOOK_SECRET = Endpoint(webhooks.rotate_secret, OTHER, writes=True)
+TEST_WEBHOOK = Endpoint(webhooks.send_test, OTHER, writes=True)
+LIST_WEBHOOK_DELIVERIES = Endpoint(webhooks.list_deliveries, OTHER, schema="page_query")
+
 URL_MAP = Map(
     [
         Rule("/v1/emails", methods=["POST"], endpoint=SEND_EMAIL),
@@ -138,5 +160,24 @@ URL_MAP = Map(
         Rule("/v1/api-keys", methods=["GET"], endpoint=LIST_KEYS),
         Rule("/v1/api-keys/<key_id>", methods=["DELETE"], endpoint=REVOKE_KEY),
         Rule("/v1/account", methods=["GET"], endpoint=GET_ACCOUNT),
+        Rule("/v1/suppressions", methods=["GET"], endpoint=LIST_SUPPRESSIONS),
+        Rule("/v1/suppressions", methods=["POST"], endpoint=CREATE_SUPPRESSION),
+        Rule("/v1/suppressions/<path:address>", methods=["DELETE"], endpoint=DELETE_SUPPRESSION),
+        Rule("/v1/webhooks", methods=["POST"], endpoint=CREATE_WEBHOOK),
+        Rule("/v1/webhooks", methods=["GET"], endpoint=LIST_WEBHOOKS),
+        Rule("/v1/webhooks/<webhook_id>", methods=["GET"], endpoint=GET_WEBHOOK),
+        Rule("/v1/webhooks/<webhook_id>", methods=["PATCH"], endpoint=UPDATE_WEBHOOK),
+        Rule("/v1/webhooks/<webhook_id>", methods=["DELETE"], endpoint=DELETE_WEBHOOK),
+        Rule(
+            "/v1/webhooks/<webhook_id>/rotate-secret",
+            methods=["POST"],
+            endpoint=ROTATE_WEBHOOK_SECRET,
+        ),
+        Rule("/v1/webhooks/<webhook_id>/test", methods=["POST"], endpoint=TEST_WEBHOOK),
+        Rule(
+            "/v1/webhooks/<webhook_id>/deliveries",
+            methods=["GET"],
+            endpoint=LIST_WEBHOOK_DELIVERIES,
+        ),
     ]
 )

@@ -1,18 +1,24 @@
 """What a handler may depend on besides its input: settings, clock, rate limits, DNS, cursors,
-and what a process shares between its requests."""
+the service's keys, and what a process shares between its requests."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .keyring import Keyring
 from .large_bodies import LargeBodies
 from .mail.dns import DnsChecker
 from .mail.rendering import TemplateLimits
+from .mail.return_path import ReturnPath
 from .paging import Cursors
 from .ratelimit import RateLimiter
 from .settings import Settings
 from .store import Store
+from .webhooks.signing import SecretBox
+
+#: The keyring's name of the return-path MAC key, when the settings give none.
+RETURN_PATH_KEY = "return-path"
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,17 @@ class Services:
     cursors: Cursors
     template_limits: TemplateLimits
     large_bodies: LargeBodies
+    keyring: Keyring
+    webhook_secrets: SecretBox
+
+    def return_path(self) -> ReturnPath | None:
+        """The envelope sender that names each message, when a return-path domain is set."""
+        domain = self.settings.return_path_domain
+        if not domain:
+            return None
+        secret = self.settings.return_path_secret
+        key = secret.encode() if secret else self.keyring.key(RETURN_PATH_KEY)
+        return ReturnPath(domain, key)
 
 
 def build_services(settings: Settings, clock: Callable[[], float], store: Store) -> Services:
@@ -41,4 +58,15 @@ def build_services(settings: Settings, clock: Callable[[], float], store: Store)
     large_bodies = LargeBodies(
         settings.large_bodies_per_process, settings.max_body_bytes, settings.max_send_body_bytes
     )
-    return Services(settings, clock, limiter, dns, Cursors(store), templates, large_bodies)
+    keyring = Keyring(store)
+    return Services(
+        settings,
+        clock,
+        limiter,
+        dns,
+        Cursors(keyring),
+        templates,
+        large_bodies,
+        keyring,
+        SecretBox(keyring),
+    )

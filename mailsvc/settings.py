@@ -8,6 +8,7 @@ mapping from the caller (tests, embedding apps). The README's settings table is 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,41 @@ def _dkim_bits(value: str) -> int:
     if bits not in (1024, 2048, 3072, 4096):
         raise ValueError("must be 1024, 2048, 3072 or 4096")
     return bits
+
+
+def _boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _schedule(value: str) -> tuple[float, ...]:
+    """``"0, 5, 300"``: seconds from an event to each attempt after the first."""
+    try:
+        delays = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise ValueError("must be seconds separated by commas, such as 0,5,300") from None
+    if not delays or any(delay < 0 for delay in delays):
+        raise ValueError("must be one or more seconds (0 or more) separated by commas")
+    return delays
+
+
+def _domain_name(value: str) -> str:
+    name = value.strip().lower().rstrip(".")
+    if name and not re.fullmatch(
+        r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+", name
+    ):
+        raise ValueError("must be a domain name such as bounces.example.com")
+    return name
+
+
+def _secret(value: str) -> str:
+    if value and len(value) < 16:
+        raise ValueError("must be at least 16 characters (or empty: one is made)")
+    return value
 
 
 def _synchronous(value: str) -> str:
@@ -213,6 +249,66 @@ SETTINGS: tuple[Setting, ...] = (
         "source and 200 bytes a node).",
         _positive_int,
     ),
+    Setting(
+        "return_path_domain",
+        "",
+        "Domain of the envelope sender (`b+TOKEN@` it), whose MX is your MTA, which hands bounces "
+        "to `mailsvc inbound`. The token names the email and the recipient, with a MAC. Empty: "
+        "the envelope sender is the `from` address, and bounces are matched by `Message-ID`.",
+        _domain_name,
+    ),
+    Setting(
+        "return_path_secret",
+        "",
+        "Key of the MAC in return-path tokens (at least 16 characters). Empty: one is made at "
+        "first start and kept in the store, the same for every host.",
+        _secret,
+    ),
+    Setting(
+        "webhook_retry_seconds",
+        "0,5,300,1800,7200,18000,36000,50400,72000,86400",
+        "When a webhook delivery is tried again after each failure, in seconds, comma-separated "
+        "(by default at once, 5 s, 5 min, 30 min, 2, 5, 10, 14, 20 and 24 h); less up to 20 % of "
+        "jitter. After the last, the delivery has failed.",
+        _schedule,
+    ),
+    Setting(
+        "webhook_disable_after_seconds",
+        432000.0,
+        "An endpoint whose deliveries have all failed for this long is disabled (five days).",
+        _positive_float,
+    ),
+    Setting(
+        "webhook_timeout_seconds",
+        15.0,
+        "Time one webhook request may take, connecting, sending and answering.",
+        _positive_float,
+    ),
+    Setting(
+        "webhook_threads",
+        4,
+        "Webhook delivery threads in each worker process (apart from mail delivery's).",
+        _positive_int,
+    ),
+    Setting(
+        "webhook_ca_file",
+        "",
+        "PEM bundle of the CAs that sign webhook endpoints' TLS certificates. Empty: the "
+        "system's CAs.",
+    ),
+    Setting(
+        "webhook_allow_http",
+        "false",
+        "Allow `http://` webhook URLs (else `https://` only).",
+        _boolean,
+    ),
+    Setting(
+        "webhook_allow_private",
+        "false",
+        "Allow webhook URLs whose host is a loopback, private, link-local or multicast address "
+        "(else refused at creation and at every connection).",
+        _boolean,
+    ),
     Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
     Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),
@@ -242,7 +338,15 @@ def load_settings(
     :raises SettingsError: for an unknown name or a value that does not parse.
     """
     environ = os.environ if environ is None else environ
-    resolved = Settings({setting.name: setting.default for setting in SETTINGS})
+    # A default written as text (a schedule) is read as the environment's value would be.
+    resolved = Settings(
+        {
+            setting.name: setting.parse(setting.default)
+            if isinstance(setting.default, str)
+            else setting.default
+            for setting in SETTINGS
+        }
+    )
     for setting in SETTINGS:
         if setting.env_name in environ:
             resolved[setting.name] = _parse(setting, environ[setting.env_name], setting.env_name)

@@ -1,11 +1,13 @@
 """A small DNS server for the tests, on loopback UDP, built with dnspython's message API.
 
-It answers TXT questions from what a test publishes, NXDOMAIN for names it does not know,
+It answers TXT, A and AAAA questions from what a test publishes, NXDOMAIN for names it does not
+know,
 SERVFAIL for names told to fail, and nothing at all (a timeout) for names told to be silent.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 from collections import defaultdict
@@ -20,6 +22,8 @@ import dns.rrset
 class DnsServer:
     def __init__(self) -> None:
         self.records: dict[str, list[str]] = defaultdict(list)
+        #: A and AAAA records by name; a test may change them at any time (DNS rebinding).
+        self.hosts: dict[str, list[str]] = {}
         self.failing: set[str] = set()
         self.silent: set[str] = set()
         self.queries: list[str] = []
@@ -47,6 +51,10 @@ class DnsServer:
     def publish(self, name: str, value: str) -> None:
         self.records[_key(name)].append(value)
 
+    def resolve(self, name: str, *addresses: str) -> None:
+        """Answer A and AAAA questions for ``name`` with these addresses from now on."""
+        self.hosts[_key(name)] = list(addresses)
+
     def _serve(self) -> None:
         while self._running:
             try:
@@ -64,6 +72,15 @@ class DnsServer:
             response = dns.message.make_response(query)
             if name in self.failing:
                 response.set_rcode(dns.rcode.SERVFAIL)
+            elif question.rdtype in (dns.rdatatype.A, dns.rdatatype.AAAA) and name in self.hosts:
+                wanted = 4 if question.rdtype == dns.rdatatype.A else 6
+                found = [a for a in self.hosts[name] if ipaddress.ip_address(a).version == wanted]
+                if found:
+                    response.answer.append(
+                        dns.rrset.from_text(
+                            question.name, 1, dns.rdataclass.IN, question.rdtype, *found
+                        )
+                    )
             elif name not in self.records:
                 response.set_rcode(dns.rcode.NXDOMAIN)
             elif question.rdtype == dns.rdatatype.TXT:

@@ -332,3 +332,77 @@ def test_a_cancel_and_a_claim_at_its_time_one_wins(stores):
     assert set(by_email.values()) == {1}, "an email was both canceled and claimed, or twice"
     canceled = sum(1 for kind, _ in outcomes if kind == "canceled")
     assert store.reads.get_account(owner).credits == canceled
+
+
+# -- after the handoff: reports, suppressions, webhooks ---------------------------------------
+
+
+def test_a_report_is_used_once(stores):
+    results = race(stores, lambda s, n: s.write(lambda tx: tx.claim_report("mid:<r1@mx>", 1.0)))
+    assert results.count(True) == 1 and results.count(False) == RACERS - 1
+
+
+def test_an_address_is_suppressed_once(stores):
+    owner = account(stores[0])
+    results = race(
+        stores,
+        lambda s, n: s.write(
+            lambda tx: tx.add_suppression(
+                owner, "Alice@example.org", "bounced", f"em_{n}", None, 1.0
+            )
+        ),
+    )
+    assert results.count(True) == 1
+    [kept] = stores[0].reads.list_suppressions(owner, None, None, 10)
+    assert kept.address == "alice@example.org"
+    assert stores[0].reads.suppressed(owner, ["ALICE@example.org"])["ALICE@example.org"] == kept
+
+
+def hooked_account(store: Store, endpoints: int = 4) -> str:
+    from mailsvc.store import Webhook
+
+    owner = account(store)
+    for n in range(endpoints):
+        hook = Webhook(f"wh_{n}", owner, f"https://h{n}.test/", ("email.sent",), "enabled", None,
+                       b"sealed", None, None, 0.0, 0.0)  # fmt: skip
+        store.write(lambda tx, hook=hook: tx.create_webhook(hook))
+    return owner
+
+
+def test_webhook_deliveries_are_claimed_by_one_claimer_each(stores):
+    from mailsvc.store import WebhookEvent
+
+    owner = hooked_account(stores[0])
+    events = [WebhookEvent(f"msg_{n}", "email.sent", "{}") for n in range(15)]
+    stores[0].write(lambda tx: tx.add_webhook_events(owner, None, events, 100.0))
+
+    def claim_all(store: Store, number: int) -> list[tuple[str, str]]:
+        mine: list[tuple[str, str]] = []
+        while batch := store.write(
+            lambda tx: tx.claim_webhook_deliveries(f"claimer-{number}", 200.0, 60.0, 3, 100)
+        ):
+            mine.extend((delivery.event_id, delivery.webhook_id) for delivery, _ in batch)
+        return mine
+
+    claimed = Counter(pair for batch in race(stores, claim_all) for pair in batch)
+    assert len(claimed) == 15 * 4  # every event, to every endpoint
+    assert set(claimed.values()) == {1}, "a delivery was claimed twice"
+
+
+def test_events_of_one_email_go_to_an_endpoint_one_after_the_other(stores):
+    from mailsvc.store import WebhookAttempt, WebhookEvent
+
+    store = stores[0]
+    owner = hooked_account(store, endpoints=1)
+    first, second = (
+        WebhookEvent("msg_1", "email.sent", "{}"),
+        WebhookEvent("msg_2", "email.sent", "{}"),
+    )
+    store.write(lambda tx: tx.add_webhook_events(owner, 7, [first, second], 100.0))
+    [(claimed, _)] = store.write(lambda tx: tx.claim_webhook_deliveries("a", 101.0, 60.0, 5, 5))
+    assert claimed.event_id == "msg_1"  # the second waits for the first
+    assert store.write(lambda tx: tx.claim_webhook_deliveries("b", 101.0, 60.0, 5, 5)) == []
+    attempt = WebhookAttempt(1, 101.0, 200, 3.0, None)
+    store.write(lambda tx: tx.finish_webhook_delivery(claimed.seq, "a", attempt, "succeeded", None))
+    [(then, _)] = store.write(lambda tx: tx.claim_webhook_deliveries("b", 102.0, 60.0, 5, 5))
+    assert then.event_id == "msg_2"

@@ -8,6 +8,7 @@ the dispatcher in :mod:`mailsvc.app` touches HTTP.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from .. import statuses
@@ -21,6 +22,7 @@ from ..settings import Settings
 from ..store import EmailFilter, EmailRecord, Event, NewEmail, Reads, Writes
 from ..timestamps import iso_time, parse_instant, parse_iso_time
 from ..validation import Problems
+from ..webhooks import events as webhook_events
 from .sending import SendRequest, accepted, prepare
 
 
@@ -30,7 +32,9 @@ def send_email(
     """Accept an email: render its template (if any) here; then, in the store's writer, queue
     it if its sender domain is verified, and take its credit."""
     email = prepare(reads, principal, services, body)
-    return Change(_queue([email], "from"), accepted(email), wakes_delivery=True)
+    return Change(
+        _queue([email], "from"), accepted(email), wakes_delivery=True, wakes_webhooks=True
+    )
 
 
 def send_batch(
@@ -53,15 +57,24 @@ def send_batch(
             problems.within(f"[{index}].").add("from", _unverified(domain))
     problems.raise_if_any()
     answer = {"data": [accepted(email) for email in emails]}
-    return Change(_queue(emails, "[{index}].from"), answer, wakes_delivery=True)
+    return Change(
+        _queue(emails, "[{index}].from"), answer, wakes_delivery=True, wakes_webhooks=True
+    )
 
 
 def _queue(emails: Sequence[NewEmail], field: str) -> Any:
+    """Queue the emails with their webhook events (made here, outside any lock), and take
+    their credit."""
+    events = [webhook_events.at_acceptance(email) for email in emails]
+
     def queue(tx: Writes) -> None:
         for index, email in enumerate(emails):
-            if tx.enqueue_email(email) is None:
+            seq = tx.enqueue_email(email)
+            if seq is None:
                 domain = email.sender_address.rpartition("@")[2]
                 raise DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")
+            if events[index]:
+                tx.add_webhook_events(email.account_id, seq, events[index], email.created_at)
         cost = sum(email.charged for email in emails)
         if cost:
             tx.spend_credits(emails[0].account_id, cost)  # CreditExhausted: the dispatcher's 402
@@ -88,14 +101,22 @@ def cancel_email(
     reads: Reads, principal: Principal, services: Services, *, email_id: str
 ) -> Change:
     """Cancel a scheduled email: nothing is sent, its credit is given back."""
-    _find(reads, principal, email_id, sending=True)
+    record = _find(reads, principal, email_id, sending=True)
     now = services.clock()
+    canceled = [
+        r if r.status == statuses.SUPPRESSED else replace(r, status=statuses.CANCELED)
+        for r in record.recipients
+    ]
+    event = webhook_events.email_event(
+        webhook_events.CANCELED, record, statuses.CANCELED, now, canceled, refunded=record.charged
+    )
 
     def cancel(tx: Writes) -> None:
         if tx.cancel_email(principal.account_id, email_id, now) is None:
             raise _not_scheduled(tx, principal, email_id, "canceled")
+        tx.add_webhook_events(principal.account_id, record.seq, [event], now)
 
-    return Change(cancel, {"id": email_id, "status": statuses.CANCELED})
+    return Change(cancel, {"id": email_id, "status": statuses.CANCELED}, wakes_webhooks=True)
 
 
 def parse_reschedule(body: dict[str, Any], settings: Settings, problems: Problems) -> float:

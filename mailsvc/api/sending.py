@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import statuses
@@ -171,7 +171,16 @@ def prepare(
                 f"scheduledAt: at most {services.settings.schedule_max_days:g} days ahead "
                 f"(MAILSVC_SCHEDULE_MAX_DAYS)"
             )
-    recipients = request.recipients
+    # Addresses the account suppresses are accepted but never sent to, and cost nothing (read
+    # here, outside any lock: one suppressed a moment later is left out at sending).
+    suppressions = reads.suppressed(account_id, [r.address for r in request.recipients])
+    recipients = tuple(
+        replace(r, status=statuses.SUPPRESSED, reply=suppressions[r.address].reply)
+        if r.address in suppressions
+        else r
+        for r in request.recipients
+    )
+    charged = sum(1 for r in recipients if r.status != statuses.SUPPRESSED)
     email_id = new_id("em")
     return NewEmail(
         id=email_id,
@@ -191,7 +200,7 @@ def prepare(
         attachments=request.attachments,
         tags=request.tags,
         scheduled_at=request.scheduled_at,
-        charged=len(recipients) * services.settings.credits_per_recipient,
+        charged=charged * services.settings.credits_per_recipient,
     )
 
 

@@ -1,39 +1,38 @@
-"""The delivery threads of one process, and their lifecycle.
+"""Mail delivery: the threads of one process that drain the queue (see :mod:`.leased`).
 
-One claimer thread leases due emails, as many at a time as there are idle senders, in one job
-of the store's writer, and hands them over; each sender thread sends to the recipients still
-pending through its own transport (so an SMTP connection is reused from one message to the
-next) and records the outcome if the process still holds the lease. A new email wakes the
-claimer at once through a condition; it also looks every ``poll_seconds`` for mail that other
-processes queued, or whose lease ran out because its process died, and sooner when it knows
-that a scheduled email or a retry falls due before then.
-A keeper thread renews the leases this process holds every third of a lease, so a slow SMTP
-transaction never outlasts its lease and is taken over, and sent again, by another process.
-Where the store announces new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the
-claimer the moment another host queues some; polling stays for retries and lost notices.
+A claim leases due emails with what sending them needs (the DKIM key, the attachments). Each
+sender thread sends to the recipients still pending through its own transport (so an SMTP
+connection is reused from one message to the next) and records the outcome, with its events
+and webhook events, in one job, if the process still holds the lease. Where the store announces
+new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the claimer the moment another
+host queues some; polling stays for retries and lost notices.
+
+Before it sends, a sender leaves out the recipients the account has suppressed since the email
+was accepted (their credit goes back). With a return-path domain, each recipient gets an
+envelope of its own, whose sender names the email and the recipient; the message is built and
+signed once for all of them. A recipient refused at RCPT with ``5.1.x`` (no such mailbox) is
+suppressed.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import random
-import socket
 import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from .. import statuses
-from ..ids import new_id
 from ..mail.dkim import SigningKey, sign_message
 from ..mail.message import build_message
+from ..mail.return_path import ReturnPath
 from ..settings import Settings
-from ..store import Attachment, EmailRecord, Store, Writes
-from .outcome import RetryPolicy, decide, recipient_outcome
-from .transport import RelayUrl, Transport, open_transport
+from ..store import Attachment, EmailRecord, Recipient, Store, Suppression, Writes
+from ..webhooks.events import after_attempt
+from .leased import LeasedPool
+from .outcome import Decision, RetryPolicy, decide, recipient_outcome
+from .transport import RelayUrl, Reply, Transport, open_transport
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -47,11 +46,14 @@ class Claimed:
     attachments: list[Attachment]
 
 
-class DeliveryPool:
+class DeliveryPool(LeasedPool[Claimed]):
     """
     :param store: the store, which is the queue.
     :param clock: seconds since the epoch.
     :param transport_factory: makes one transport per thread.
+    :param return_path: the envelope sender that names each recipient's message; None for the
+        sender's own address.
+    :param on_events: called after a job that wrote webhook events (wakes their delivery).
     """
 
     def __init__(
@@ -60,141 +62,48 @@ class DeliveryPool:
         settings: Settings,
         clock: Callable[[], float],
         transport_factory: Callable[[Settings], Transport] = open_transport,
+        return_path: Callable[[], ReturnPath | None] = lambda: None,
+        on_events: Callable[[], None] = lambda: None,
     ) -> None:
         if settings.smtp_url:
             RelayUrl.parse(settings.smtp_url)  # refuse a bad URL at start-up, not per message
-        self.store = store
+        super().__init__(
+            store,
+            clock,
+            "sender",
+            settings.delivery_threads,
+            settings.lease_seconds,
+            settings.poll_seconds,
+        )
         self.settings = settings
-        self.clock = clock
         self.transport_factory = transport_factory
+        self.return_path = return_path
+        self.on_events = on_events
         self.policy = RetryPolicy(
             settings.retry_first_seconds,
             settings.retry_max_seconds,
             settings.retry_lifetime_seconds,
         )
         self._rng = random.Random()
-        self._threads: list[threading.Thread] = []
-        self._running = False
-        self._wakeup = threading.Condition()
-        self._signalled = False
-        self._idle_senders = 0
-        self._owner = ""
-        self._held: set[int] = set()  # seqs of the emails this process holds leases on
-        self._held_lock = threading.Lock()
-        self._stopped = threading.Event()
-        #: The lease keeper, and the listener where the store announces mail.
-        self._helpers: list[threading.Thread] = []
-        self._handoff: queue.SimpleQueue[Claimed | None]
-        self._handoff = queue.SimpleQueue()
-
-    def start(self) -> None:
-        """Start the threads; call after ``fork()``, in the process that will deliver."""
-        if self._threads:
-            return
-        self._running = True
-        self._owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
-        self._handoff = queue.SimpleQueue()
-        self._idle_senders = 0
-        self._held = set()
-        self._stopped = threading.Event()
-        claimer = threading.Thread(target=self._claim_loop, name="mailsvc-claimer", daemon=True)
-        senders = [
-            threading.Thread(target=self._send_loop, name=f"mailsvc-sender-{n}", daemon=True)
-            for n in range(self.settings.delivery_threads)
-        ]
-        self._threads = [claimer, *senders]
-        self._helpers = [
-            threading.Thread(
-                target=self._keep_leases_loop, name="mailsvc-lease-keeper", daemon=True
-            )
-        ]
-        if self.store.announces_mail:
-            self._helpers.append(
-                threading.Thread(target=self._listen_loop, name="mailsvc-listener", daemon=True)
-            )
-        for thread in [*self._threads, *self._helpers]:
-            thread.start()
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
         self.store.announce_mail()
-        with self._wakeup:
-            self._signalled = True
-            self._wakeup.notify_all()
+        super().wake()
 
-    def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
-        """Stop claiming mail. When graceful, wait (up to ``timeout``) for the SMTP transactions
-        in flight; an email claimed but not yet started is given back at once."""
-        if not self._threads:
-            return
-        self._running = False
-        with self._wakeup:
-            self._wakeup.notify_all()
-        claimer, *senders = self._threads
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def helpers(self) -> list[Callable[[threading.Event], None]]:
+        return [self._listen_loop] if self.store.announces_mail else []
 
-        def left() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
+    def _listen_loop(self, stopped: threading.Event) -> None:
+        """Wake the claimer as soon as any process or host announces new mail."""
+        while not stopped.is_set():
+            if self.store.wait_for_mail(self.settings.poll_seconds):
+                super().wake()
 
-        # The claimer first, so that whatever it handed over stands before the senders' ends.
-        claimer.join(left() if graceful else 0)
-        for _ in senders:
-            self._handoff.put(None)
-        if graceful:
-            for sender in senders:
-                sender.join(left())
-        self._stopped.set()
-        for helper in self._helpers:
-            helper.join(left() if graceful else 0)
-        self._threads, self._helpers = [], []
+    # -- leased work -------------------------------------------------------------------------
 
-    def _claim_loop(self) -> None:
-        """Claim as many due emails as there are idle senders, in one job, and hand them over;
-        then wait for new mail (a wake), a sender coming free, or the next poll."""
-        next_poll = time.monotonic()
-        while True:
-            with self._wakeup:
-                while self._running and (
-                    self._idle_senders == 0
-                    or (not self._signalled and time.monotonic() < next_poll)
-                ):
-                    wait = None if self._idle_senders == 0 else next_poll - time.monotonic()
-                    self._wakeup.wait(wait)
-                if not self._running:
-                    return
-                self._signalled = False
-                wanted = self._idle_senders
-            next_due = None
-            try:
-                # A claim lost with the power only means it is made again: no fsync for it.
-                batch, next_due = self.store.write(
-                    partial(self._claim, wanted=wanted), durable=False
-                )
-            except Exception:
-                log.exception("claiming mail failed; trying again at the next poll")
-                batch = []
-            if batch and not self._running:
-                self._release([item.email for item in batch])
-                return
-            with self._held_lock:
-                self._held.update(item.email.seq for item in batch)
-            with self._wakeup:
-                self._idle_senders -= len(batch)
-                if len(batch) == wanted:
-                    self._signalled = True  # more may be due: claim again as senders free up
-                else:  # the next poll, or sooner if a scheduled email or a retry is due
-                    wait = self.settings.poll_seconds
-                    if next_due is not None:
-                        # (not under 50 ms: a due row another host's claim has locked is
-                        # passed over until that claim commits)
-                        wait = min(wait, max(0.05, next_due - self.clock()))
-                    next_poll = time.monotonic() + wait
-            for item in batch:
-                self._handoff.put(item)
-
-    def _claim(self, tx: Writes, wanted: int) -> tuple[list[Claimed], float | None]:
-        """The emails claimed, and, when fewer than wanted, when the next one falls due."""
-        emails = tx.claim_due(self._owner, self.clock(), self.settings.lease_seconds, wanted)
+    def claim(self, tx: Writes, wanted: int) -> tuple[list[Claimed], float | None]:
+        emails = tx.claim_due(self.owner, self.clock(), self.lease_seconds, wanted)
         next_due = tx.next_due_at() if len(emails) < wanted else None
         keys: dict[tuple[str, str], SigningKey | None] = {}
         with_files = [email.seq for email in emails if email.attachments]
@@ -207,100 +116,130 @@ class DeliveryPool:
             batch.append(Claimed(email, keys[place], files.get(email.seq, [])))
         return batch, next_due
 
-    def _send_loop(self) -> None:
-        transport = self.transport_factory(self.settings)
-        try:
-            while True:
-                self._come_free()
-                item = self._handoff.get()
-                if item is None:
-                    return
-                email = item.email
-                try:
-                    if not self._running:
-                        self._release([email])
-                    else:
-                        self._attempt(item, transport, self._owner)
-                except Exception:
-                    log.exception(
-                        "email %s: delivery attempt failed; its lease will expire", email.id
-                    )
-                finally:
-                    with self._held_lock:
-                        self._held.discard(email.seq)
-        finally:
-            transport.close()
+    def key(self, item: Claimed) -> int:
+        return item.email.seq
 
-    def _listen_loop(self) -> None:
-        """Wake the claimer as soon as any process or host announces new mail."""
-        stopped = self._stopped  # this run's, not a later one's
-        while not stopped.is_set():
-            if self.store.wait_for_mail(self.settings.poll_seconds):
-                self.wake()
+    def give_back(self, tx: Writes, keys: Sequence[int]) -> None:
+        tx.release_claims(self.owner, keys, self.clock())
 
-    def _keep_leases_loop(self) -> None:
-        """Every third of a lease, extend the leases this process holds by a whole lease."""
-        lease, stopped = self.settings.lease_seconds, self._stopped  # this run's, not a later one's
-        while not stopped.wait(lease / 3):
-            with self._held_lock:
-                seqs = sorted(self._held)
-            if not seqs:
-                continue
-            try:
-                # A renewal lost with the power goes with the process that held the lease.
-                self.store.write(partial(self._renew, seqs=seqs), durable=False)
-            except Exception:
-                log.exception("renewing leases failed; trying again in %.0f s", lease / 3)
+    def renew(self, tx: Writes, keys: Sequence[int], until: float) -> int:
+        return tx.renew_leases(self.owner, keys, until)
 
-    def _renew(self, tx: Writes, seqs: list[int]) -> int:
-        return tx.renew_leases(self._owner, seqs, self.clock() + self.settings.lease_seconds)
+    def open_worker(self) -> Transport:
+        return self.transport_factory(self.settings)
 
-    def _come_free(self) -> None:
-        with self._wakeup:
-            self._idle_senders += 1
-            self._wakeup.notify_all()
+    def close_worker(self, state: Any) -> None:
+        state.close()
 
-    def _release(self, emails: list[EmailRecord]) -> None:
-        seqs = [email.seq for email in emails]
-        self.store.write(lambda tx: tx.release_claims(self._owner, seqs, self.clock()))
+    def do(self, item: Claimed, state: Any) -> None:
+        self._attempt(item, state)
 
-    def _attempt(self, claimed: Claimed, transport: Transport, owner: str) -> None:
-        email, key = claimed.email, claimed.signing_key
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def _attempt(self, claimed: Claimed, transport: Transport) -> None:
+        email = claimed.email
         pending = [
             (position, recipient)
             for position, recipient in enumerate(email.recipients)
             if recipient.status not in statuses.FINAL
         ]
-
-        def build(utf8: bool) -> bytes:
-            message = build_message(email, claimed.attachments, utf8=utf8)
-            if key is None:
-                return message
-            return sign_message(message, _domain_of(email.sender_address), key)
-
-        replies = transport.send(
-            email.sender_address, [recipient.address for _, recipient in pending], build
+        suppressions = self.store.reads.suppressed(
+            email.account_id, [recipient.address for _, recipient in pending]
         )
+        left_out = [(p, r) for p, r in pending if r.address in suppressions]
+        to_send = [(p, r) for p, r in pending if r.address not in suppressions]
+        replies = self._send(claimed, transport, to_send) if to_send else []
         outcomes = [
-            (position, recipient_outcome(recipient.address, reply))
-            for (position, recipient), reply in zip(pending, replies, strict=True)
-        ]
+            (position, _answered(recipient, reply))
+            for (position, recipient), reply in zip(to_send, replies, strict=True)
+        ] + [(p, _suppressed(r, suppressions[r.address])) for p, r in left_out]
+        outcomes.sort(key=lambda pair: pair[0])
         now = self.clock()
         decision = decide(email, outcomes, now, self.policy, self._rng)
-        kept = self.store.write(
-            lambda tx: tx.finish_attempt(
+        refunded = _price(email) * len(left_out)
+        events = after_attempt(email, decision, now, email.attempts)
+        hard_bounces = [
+            (r.address, f"{r.smtp_code} {r.reply}")
+            for _, r in outcomes
+            if r.status == statuses.FAILED and (r.enhanced_code or "").startswith("5.1.")
+        ]
+
+        def record(tx: Writes) -> bool:
+            kept = tx.finish_attempt(
                 email.seq,
-                owner,
+                self.owner,
                 decision.status,
                 decision.recipients,
                 now,
                 decision.due_at,
                 decision.last_error,
+                refunded,
             )
-        )
-        if not kept:
+            if kept:
+                for address, detail in hard_bounces:
+                    tx.add_suppression(
+                        email.account_id, address, statuses.BOUNCED, email.id, detail, now
+                    )
+                tx.add_webhook_events(email.account_id, email.seq, events, now)
+            return kept
+
+        if not self.store.write(record):
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
+        elif events:
+            self.on_events()
+
+    def _send(
+        self,
+        claimed: Claimed,
+        transport: Transport,
+        recipients: Sequence[tuple[int, Recipient]],
+    ) -> list[Reply]:
+        """Send to these recipients: in one envelope, or, with a return path, one each."""
+        email, key = claimed.email, claimed.signing_key
+        built: dict[bool, bytes] = {}
+
+        def build(utf8: bool) -> bytes:
+            if utf8 not in built:
+                message = build_message(email, claimed.attachments, utf8=utf8)
+                if key is not None:
+                    message = sign_message(message, _domain_of(email.sender_address), key)
+                built[utf8] = message
+            return built[utf8]
+
+        return_path = self.return_path()
+        if return_path is None:
+            addresses = [recipient.address for _, recipient in recipients]
+            return transport.send(email.sender_address, addresses, build)
+        return [
+            transport.send(return_path.address(email.id, position), [recipient.address], build)[0]
+            for position, recipient in recipients
+        ]
+
+
+def _answered(recipient: Recipient, reply: Reply) -> Recipient:
+    """The recipient as the relay's reply leaves it (its kind and name kept)."""
+    outcome = recipient_outcome(recipient.address, reply)
+    return replace(outcome, kind=recipient.kind, name=recipient.name)
+
+
+def _suppressed(recipient: Recipient, suppression: Suppression) -> Recipient:
+    return replace(
+        recipient,
+        status=statuses.SUPPRESSED,
+        smtp_code=None,
+        enhanced_code=None,
+        reply=suppression.reply,
+    )
+
+
+def _price(email: EmailRecord) -> int:
+    """The credit one recipient of the email cost: its charge over the recipients charged."""
+    charged = [r for r in email.recipients if r.status != statuses.SUPPRESSED]
+    return email.charged // len(charged) if charged else 0
 
 
 def _domain_of(address: str) -> str:
     return address.rpartition("@")[2]
+
+
+__all__ = ["Claimed", "Decision", "DeliveryPool"]

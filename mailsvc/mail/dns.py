@@ -7,7 +7,9 @@ status ``error`` with the reason; it never fails the request.
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +115,43 @@ class DnsChecker:
         return Lookup(
             tuple(b"".join(record.strings).decode("utf-8", "replace") for record in answer)
         )
+
+    def addresses(self, name: str) -> list[str]:
+        """The IPv4 and IPv6 addresses of a host name (an IP address is its own).
+
+        :raises LookupError: none, with the reason.
+        """
+        try:
+            return [str(ipaddress.ip_address(name.strip("[]")))]
+        except ValueError:
+            pass
+        if not self.nameservers:
+            return self._system_addresses(name)
+        resolver = dns.resolver.Resolver(configure=False)
+        resolver.nameservers = [
+            dns.nameserver.Do53Nameserver(host, port) for host, port in self.nameservers
+        ]
+        found: list[str] = []
+        for rdtype in ("A", "AAAA"):
+            try:
+                answer = resolver.resolve(name, rdtype, lifetime=self.timeout, search=False)
+            except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+                continue
+            except dns.resolver.LifetimeTimeout:
+                raise LookupError(f"{name}: no answer in {self.timeout:g} s") from None
+            except dns.exception.DNSException as exc:
+                raise LookupError(f"{name}: {_no_nameservers(exc)}") from None
+            found += [record.to_text() for record in answer]
+        if not found:
+            raise LookupError(f"{name}: no such host")
+        return found
+
+    def _system_addresses(self, name: str) -> list[str]:
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise LookupError(f"{name}: {exc}") from None
+        return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def parse_servers(servers: str) -> list[tuple[str, int]]:

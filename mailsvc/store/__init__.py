@@ -30,7 +30,12 @@ from .records import (
     NewEmail,
     NewRecipient,
     Recipient,
+    Suppression,
     Template,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEvent,
 )
 from .sqlite import SqliteStore
 
@@ -75,7 +80,12 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreUnavailable",
+    "Suppression",
     "Template",
+    "Webhook",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEvent",
     "TokenExhausted",
     "Writes",
     "open_store",

@@ -31,7 +31,12 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
+    Suppression,
     Template,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEvent,
 )
 
 Result = TypeVar("Result")
@@ -119,6 +124,48 @@ class Reads(Protocol):
 
     def count_emails_by_status(self) -> dict[str, int]:
         """How many emails are in each status, over every account."""
+        ...
+
+    def find_email(self, email_id: str) -> EmailRecord | None:
+        """Any account's email with this id (for a report that names it)."""
+        ...
+
+    def find_emails_by_message_id(self, message_ids: Sequence[str]) -> list[EmailRecord]:
+        """Every email, of any account, with one of these ``Message-ID``s."""
+        ...
+
+    # -- suppressions --------------------------------------------------------------------
+
+    def get_suppression(self, account_id: str, address: str) -> Suppression | None: ...
+
+    def suppressed(self, account_id: str, addresses: Sequence[str]) -> dict[str, Suppression]:
+        """Which of these addresses the account suppresses, by address."""
+        ...
+
+    def list_suppressions(
+        self, account_id: str, reason: str | None, before_seq: int | None, limit: int
+    ) -> list[Suppression]:
+        """The account's suppressions (of one ``reason``, when given), newest first."""
+        ...
+
+    # -- webhooks -------------------------------------------------------------------------
+
+    def get_webhook(self, account_id: str, webhook_id: str) -> Webhook | None: ...
+
+    def list_webhooks(
+        self, account_id: str, before_seq: int | None, limit: int
+    ) -> list[Webhook]: ...
+
+    def count_webhooks(self, account_id: str) -> int: ...
+
+    def list_webhook_deliveries(
+        self, account_id: str, webhook_id: str, before_seq: int | None, limit: int
+    ) -> list[WebhookDelivery]:
+        """The endpoint's deliveries, newest first, each with its attempts."""
+        ...
+
+    def next_webhook_due_at(self) -> float | None:
+        """The earliest time a webhook delivery falls due (an attempt, a lease's end)."""
         ...
 
     # -- templates, idempotency, secrets -------------------------------------------------
@@ -252,7 +299,8 @@ class Writes(Reads, Protocol):
         """Queue an accepted email with its recipients, if its account has the sender's domain
         verified (checked by the insert itself); its sequence number, or None and nothing
         written. (Its timeline begins with its acceptance, ``created_at``: not an event row of
-        its own.)"""
+        its own.) Recipients that come ``suppressed`` are never sent to; an email whose
+        recipients all are is ``failed`` at once, with the events that say so."""
         ...
 
     def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
@@ -293,9 +341,11 @@ class Writes(Reads, Protocol):
         now: float,
         due_at: float | None,
         last_error: str | None,
+        refunded: int = 0,
     ) -> bool:
         """Record an attempt's outcome, and its events, only if ``owner`` still holds the lease
-        (checked and written in one update). False, and nothing written, when it lost it."""
+        (checked and written in one update). False, and nothing written, when it lost it.
+        ``refunded`` credit (recipients suppressed since acceptance) goes back to the account."""
         ...
 
     def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:
@@ -305,6 +355,112 @@ class Writes(Reads, Protocol):
     def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
         """Give back emails ``owner`` leased but never attempted, due at once for anyone."""
         ...
+
+    def add_event(
+        self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
+    ) -> None:
+        """Add an event to an email's timeline; ``detail`` is small data the service made."""
+        ...
+
+    # -- reports, suppressions -------------------------------------------------------------
+
+    def claim_report(self, report_key: str, now: float) -> bool:
+        """Note that a bounce or complaint report is used, in one insert: False when it was
+        already (then nothing of it is done again). Of two hosts processing one report at
+        once, one gets True."""
+        ...
+
+    def report_recipient(
+        self,
+        email_seq: int,
+        position: int,
+        status: str,
+        enhanced_code: str | None,
+        reply: str | None,
+    ) -> bool:
+        """Mark a recipient ``bounced`` or ``complained`` if a report may change it (the relay
+        took its mail), checked and written in one update; False when it may not. A sent email
+        with no recipient left delivered becomes ``bounced``."""
+        ...
+
+    def add_suppression(
+        self,
+        account_id: str,
+        address: str,
+        reason: str,
+        email_id: str | None,
+        detail: str | None,
+        now: float,
+    ) -> bool:
+        """Suppress an address for the account, in one insert; False when it was already
+        (the first reason stands)."""
+        ...
+
+    def delete_suppression(self, account_id: str, address: str) -> bool: ...
+
+    # -- webhooks -------------------------------------------------------------------------
+
+    def create_webhook(self, webhook: Webhook) -> None: ...
+
+    def update_webhook(
+        self,
+        account_id: str,
+        webhook_id: str,
+        now: float,
+        url: str | None = None,
+        events: Sequence[str] | None = None,
+        status: str | None = None,
+    ) -> Webhook | None:
+        """Change what is given; enabled again, the endpoint's failures are forgotten. None for
+        another account's or an unknown endpoint."""
+        ...
+
+    def rotate_webhook_secret(
+        self, account_id: str, webhook_id: str, secret: bytes, previous_until: float, now: float
+    ) -> Webhook | None:
+        """A new secret (sealed); the old one signs too until ``previous_until``."""
+        ...
+
+    def delete_webhook(self, account_id: str, webhook_id: str) -> bool: ...
+
+    def add_webhook_events(
+        self, account_id: str, email_seq: int | None, events: Sequence[WebhookEvent], now: float
+    ) -> None:
+        """Fan each event out to every enabled endpoint of the account that wants its type, in
+        this transaction: committed with the change that causes it, or not at all."""
+        ...
+
+    def add_webhook_test(
+        self, account_id: str, webhook_id: str, event: WebhookEvent, now: float
+    ) -> bool: ...
+
+    def claim_webhook_deliveries(
+        self, owner: str, now: float, lease_seconds: float, limit: int, per_endpoint: int
+    ) -> list[tuple[WebhookDelivery, Webhook]]:
+        """Lease due deliveries to ``owner``, as :meth:`claim_due` leases mail: never one that
+        another claimer holds, never one before an earlier event of the same email to the same
+        endpoint is done, none for an endpoint backing off, and at most ``per_endpoint``
+        in flight for one endpoint."""
+        ...
+
+    def finish_webhook_delivery(
+        self, seq: int, owner: str, attempt: WebhookAttempt, status: str, due_at: float | None
+    ) -> bool:
+        """Record an attempt if ``owner`` still holds the lease (one update); else False."""
+        ...
+
+    def endpoint_succeeded(self, webhook_id: str) -> None: ...
+
+    def endpoint_failed(self, webhook_id: str, now: float) -> tuple[float, int] | None:
+        """Count a failure, in one update; since when the endpoint has failed and how many
+        times in a row."""
+        ...
+
+    def hold_endpoint(self, webhook_id: str, until: float) -> None: ...
+
+    def disable_webhook(self, webhook_id: str, reason: str, now: float) -> None: ...
+
+    def release_webhook_claims(self, owner: str, seqs: Sequence[int], now: float) -> int: ...
 
     # -- templates ------------------------------------------------------------------------
 

@@ -24,6 +24,9 @@ class QueueVerbs(HistoryVerbs):
     def enqueue_email(self, email: NewEmail) -> int | None:
         # The sender domain is checked by the insert itself: one statement, one round trip.
         scheduled = email.scheduled_at is not None
+        suppressed = [r for r in email.recipients if r.status == statuses.SUPPRESSED]
+        nobody = len(suppressed) == len(email.recipients)  # every recipient suppressed: failed
+        status = statuses.SCHEDULED if scheduled else statuses.QUEUED
         row = self.connection.execute(
             "INSERT INTO emails (id, account_id, status, sender_name, sender_address, reply_to, "
             "subject, html, text, template_id, variables, message_id, created_at, due_at, "
@@ -34,7 +37,7 @@ class QueueVerbs(HistoryVerbs):
             (
                 email.id,
                 email.account_id,
-                statuses.SCHEDULED if scheduled else statuses.QUEUED,
+                statuses.FAILED if nobody else status,
                 email.sender_name,
                 email.sender_address,
                 self._json(list(email.reply_to)) if email.reply_to else None,
@@ -45,7 +48,7 @@ class QueueVerbs(HistoryVerbs):
                 self.dialect.json_param(email.variables) if email.variables is not None else None,
                 email.message_id,
                 email.created_at,
-                email.scheduled_at if scheduled else email.created_at,
+                None if nobody else email.scheduled_at if scheduled else email.created_at,
                 self._json([list(pair) for pair in email.headers]) if email.headers else None,
                 email.charged,
                 email.scheduled_at,
@@ -57,12 +60,18 @@ class QueueVerbs(HistoryVerbs):
             return None
         seq: int = row[0]
         self._insert_rows(
-            "recipients (email_seq, position, address, status, kind, name)",
+            "recipients (email_seq, position, address, status, kind, name, reply)",
             [
-                (seq, position, r.address, statuses.QUEUED, r.kind, r.name)
+                (seq, position, r.address, r.status, r.kind, r.name, r.reply)
                 for position, r in enumerate(email.recipients)
             ],
         )
+        if suppressed:
+            replies = [{"address": r.address, "reply": r.reply} for r in suppressed]
+            events: list[tuple[str, dict[str, object] | None]] = [
+                (statuses.SUPPRESSED, {"recipients": replies})
+            ]
+            self.add_events(seq, email.created_at, events + [(statuses.FAILED, None)] * nobody)
         self._insert_rows(
             "attachments (email_seq, position, filename, content_type, content_id, content)",
             [
@@ -100,18 +109,25 @@ class QueueVerbs(HistoryVerbs):
         if row is None:
             return None
         seq, charged = row
-        self.run("UPDATE recipients SET status = ? WHERE email_seq = ?", (statuses.CANCELED, seq))
-        if charged:  # a gift to the hot row: it waits for the commit with the other writes
-            self.contended(
-                Contended(
-                    "UPDATE accounts SET credits = credits + ? WHERE id = ?",
-                    (charged, account_id),
-                    CREDITS_CHECK,
-                    lambda: CreditExhausted(0),
-                )
-            )
+        self.run(
+            "UPDATE recipients SET status = ? WHERE email_seq = ? AND status <> ?",
+            (statuses.CANCELED, seq, statuses.SUPPRESSED),
+        )
+        if charged:
+            self._give_credit(account_id, charged)
         self.add_event(seq, now, statuses.CANCELED, {"refunded": charged})
         return int(charged)
+
+    def _give_credit(self, account_id: str, amount: int) -> None:
+        """A gift to the hot row: it waits for the commit with the other writes."""
+        self.contended(
+            Contended(
+                "UPDATE accounts SET credits = credits + ? WHERE id = ?",
+                (amount, account_id),
+                CREDITS_CHECK,
+                lambda: CreditExhausted(0),
+            )
+        )
 
     def reschedule_email(self, account_id: str, email_id: str, at: float, now: float) -> bool:
         row = self.connection.execute(
@@ -172,17 +188,21 @@ class QueueVerbs(HistoryVerbs):
         now: float,
         due_at: float | None,
         last_error: str | None,
+        refunded: int = 0,
     ) -> bool:
         """:param recipients: ``(position, outcome)`` of each recipient the attempt tried.
-        :param due_at: when to try again; None when the email is final."""
+        :param due_at: when to try again; None when the email is final.
+        :param refunded: credit given back (recipients suppressed since the email was accepted).
+        """
         cursor = self.connection.execute(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
-            "sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
-            "WHERE seq = ? AND lease_owner = ? RETURNING attempts",
+            "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
+            "WHERE seq = ? AND lease_owner = ? RETURNING attempts, account_id",
             (
                 status,
                 due_at,
                 last_error,
+                refunded,
                 status,
                 statuses.SENT,
                 statuses.PARTIALLY_SENT,
@@ -194,6 +214,8 @@ class QueueVerbs(HistoryVerbs):
         row = cursor.fetchone()
         if row is None:
             return False
+        if refunded:
+            self._give_credit(row[1], refunded)
         recipients = list(recipients)
         for position, r in recipients:
             self.run(

@@ -65,6 +65,9 @@ class NewRecipient:
     address: str
     kind: str = "to"
     name: str | None = None
+    #: ``queued``, or ``suppressed`` (never sent to, never charged) with why in ``reply``.
+    status: str = "queued"
+    reply: str | None = None
 
 
 @dataclass(frozen=True)
@@ -197,3 +200,83 @@ class Caller:
     key: ApiKey
     own_limit: int | None
     bucket: tuple[float, float] | None  # (tokens, updated_at)
+
+
+@dataclass(frozen=True)
+class Suppression:
+    """An address an account no longer sends to, and why."""
+
+    account_id: str
+    address: str
+    #: ``bounced``, ``complained`` or ``manual``.
+    reason: str
+    #: The email whose bounce or complaint put it here, if one did.
+    email_id: str | None
+    #: What the report or the relay said.
+    detail: str | None
+    created_at: float
+    seq: int = 0
+
+    @property
+    def reply(self) -> str:
+        """What a recipient left out for it says."""
+        cause = f" by {self.email_id}" if self.email_id else ""
+        return f"not sent: the address is on the suppression list ({self.reason}{cause})"
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """An event to send to every endpoint of the account that wants its type: written in the
+    transaction of the change that causes it. ``payload`` is the JSON body, made (and
+    encoded) before the transaction, and ``id`` the ``webhook-id`` of every attempt."""
+
+    id: str
+    type: str
+    payload: str
+
+
+@dataclass(frozen=True)
+class Webhook:
+    id: str
+    account_id: str
+    url: str
+    events: tuple[str, ...]
+    #: ``enabled`` or ``disabled``.
+    status: str
+    disabled_reason: str | None
+    #: The signing secret, and the previous one while it still signs; sealed.
+    secret: bytes
+    previous_secret: bytes | None
+    previous_until: float | None
+    created_at: float
+    updated_at: float
+    failing_since: float | None = None
+    failures: int = 0
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class WebhookAttempt:
+    number: int
+    at: float
+    http_status: int | None
+    duration_ms: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class WebhookDelivery:
+    """One event for one endpoint: pending, delivering, succeeded or failed."""
+
+    seq: int
+    event_id: str
+    webhook_id: str
+    account_id: str
+    email_seq: int | None
+    type: str
+    payload: str
+    created_at: float
+    status: str
+    attempts: int
+    due_at: float | None
+    tried: tuple[WebhookAttempt, ...] = ()

@@ -30,11 +30,26 @@ TABLES: tuple[str, ...] = (
     "templates",
     "idempotency_keys",
     "service_secrets",
+    "suppressions",
+    "inbound_reports",
+    "webhooks",
+    "webhook_subscriptions",
+    "webhook_deliveries",
+    "webhook_attempts",
 )
 #: Tables not copied, and why.
 LEFT_BEHIND = {"rate_buckets": "a bucket refills within a minute"}
 #: Tables whose ``seq`` is an identity column: its sequence goes on after the copied rows.
-_SEQUENCED = ("api_keys", "domains", "emails", "events", "templates")
+_SEQUENCED = (
+    "api_keys",
+    "domains",
+    "emails",
+    "events",
+    "templates",
+    "suppressions",
+    "webhooks",
+    "webhook_deliveries",
+)
 
 
 class TargetNotEmpty(Exception):

@@ -11,13 +11,25 @@ from .domains import DomainVerbs
 from .idempotency import IdempotencyVerbs
 from .keys import KeyVerbs
 from .queue import QueueVerbs
+from .reports import ReportVerbs
 from .secrets import SecretVerbs
 from .sql import Connection, Contended, Dialect
+from .suppressions import SuppressionVerbs
 from .templates import TemplateVerbs
+from .webhooks import WebhookVerbs
 
 
 class SqlVerbs(
-    AccountVerbs, KeyVerbs, DomainVerbs, QueueVerbs, TemplateVerbs, IdempotencyVerbs, SecretVerbs
+    AccountVerbs,
+    KeyVerbs,
+    DomainVerbs,
+    QueueVerbs,
+    ReportVerbs,
+    SuppressionVerbs,
+    WebhookVerbs,
+    TemplateVerbs,
+    IdempotencyVerbs,
+    SecretVerbs,
 ):
     """The verbs of :class:`~mailsvc.store.contract.Writes` (and so of ``Reads``), in SQL."""
 

@@ -1,0 +1,250 @@
+"""Work that several processes and hosts share through the store, leased a piece at a time: the
+lifecycle that mail delivery and webhook delivery have in common.
+
+One claimer thread leases due work, as many pieces at a time as there are idle workers, in one
+job of the store's writer, and hands them over; each worker thread does one piece and records
+its outcome (if the process still holds the lease). A wake from this process starts a claim at
+once (a condition); the claimer also looks every ``poll_seconds`` for work other processes made
+or left behind, and sooner when it knows that something falls due before then. A keeper thread
+renews the leases the process holds every third of a lease, so slow work is never taken over,
+and done twice, by another process. On a graceful stop, claiming stops, the work in hand is
+finished (within the timeout), and what was claimed but not started is given back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Generic, TypeVar
+
+from ..ids import new_id
+from ..store import Store, Writes
+
+log = logging.getLogger("mailsvc.delivery")
+
+Item = TypeVar("Item")
+
+
+class LeasedPool(Generic[Item]):
+    """Subclasses say how to claim, do, give back and renew a piece of work.
+
+    :param name: names the threads (``mailsvc-<name>-claimer``, ...).
+    :param threads: worker threads.
+    :param lease_seconds: how long a claim lasts unless renewed.
+    :param poll_seconds: the longest the claimer sleeps without news.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], float],
+        name: str,
+        threads: int,
+        lease_seconds: float,
+        poll_seconds: float,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.name = name
+        self.threads = threads
+        self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
+        self.owner = ""
+        self._threads: list[threading.Thread] = []
+        self._helpers: list[threading.Thread] = []
+        self._running = False
+        self._wakeup = threading.Condition()
+        self._signalled = False
+        self._idle = 0
+        self._held: set[int] = set()  # the pieces this process holds leases on
+        self._held_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+
+    # -- what a subclass says --------------------------------------------------------------
+
+    def claim(self, tx: Writes, wanted: int) -> tuple[list[Item], float | None]:
+        """Lease up to ``wanted`` pieces to :attr:`owner`; with fewer, when the next falls due."""
+        raise NotImplementedError
+
+    def key(self, item: Item) -> int:
+        """The piece's sequence number, by which its lease is renewed or given back."""
+        raise NotImplementedError
+
+    def do(self, item: Item, state: Any) -> None:
+        """Do one piece and record its outcome. ``state`` is the worker's own."""
+        raise NotImplementedError
+
+    def give_back(self, tx: Writes, keys: Sequence[int]) -> None:
+        """Give back pieces leased but never started, due at once for anyone."""
+        raise NotImplementedError
+
+    def renew(self, tx: Writes, keys: Sequence[int], until: float) -> int:
+        raise NotImplementedError
+
+    def open_worker(self) -> Any:
+        """What one worker thread keeps between pieces (a connection); closed when it ends."""
+        return None
+
+    def close_worker(self, state: Any) -> None:
+        pass
+
+    def helpers(self) -> list[Callable[[threading.Event], None]]:
+        """More threads to run while started, each given the run's stop event."""
+        return []
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the threads; call after ``fork()``, in the process that will do the work."""
+        if self._threads:
+            return
+        self._running = True
+        self.owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
+        self._handoff = queue.SimpleQueue()
+        self._idle = 0
+        self._held = set()
+        self._stopped = threading.Event()
+        claimer = threading.Thread(
+            target=self._claim_loop, name=f"mailsvc-{self.name}-claimer", daemon=True
+        )
+        workers = [
+            threading.Thread(
+                target=self._work_loop, name=f"mailsvc-{self.name}-{number}", daemon=True
+            )
+            for number in range(self.threads)
+        ]
+        self._threads = [claimer, *workers]
+        self._helpers = [
+            threading.Thread(target=helper, args=(self._stopped,), daemon=True)
+            for helper in [self._keep_leases_loop, *self.helpers()]
+        ]
+        for thread in [*self._threads, *self._helpers]:
+            thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Started, and every thread still running."""
+        return bool(self._threads) and all(t.is_alive() for t in [*self._threads, *self._helpers])
+
+    def wake(self) -> None:
+        """Tell the claimer that there is new work."""
+        with self._wakeup:
+            self._signalled = True
+            self._wakeup.notify_all()
+
+    def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
+        """Stop claiming. When graceful, wait (up to ``timeout``) for the work in hand; what
+        was claimed but not started is given back at once."""
+        if not self._threads:
+            return
+        self._running = False
+        with self._wakeup:
+            self._wakeup.notify_all()
+        claimer, *workers = self._threads
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        # The claimer first, so that whatever it handed over stands before the workers' ends.
+        claimer.join(left() if graceful else 0)
+        for _ in workers:
+            self._handoff.put(None)
+        if graceful:
+            for worker in workers:
+                worker.join(left())
+        self._stopped.set()
+        for helper in self._helpers:
+            helper.join(left() if graceful else 0)
+        self._threads, self._helpers = [], []
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def _claim_loop(self) -> None:
+        next_poll = time.monotonic()
+        while True:
+            with self._wakeup:
+                while self._running and (
+                    self._idle == 0 or (not self._signalled and time.monotonic() < next_poll)
+                ):
+                    self._wakeup.wait(None if self._idle == 0 else next_poll - time.monotonic())
+                if not self._running:
+                    return
+                self._signalled = False
+                wanted = self._idle
+            next_due = None
+            try:
+                # A claim lost with the power only means it is made again: no fsync for it.
+                batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
+            except Exception:
+                log.exception("%s: claiming failed; trying again at the next poll", self.name)
+                batch = []
+            if batch and not self._running:
+                self._give_back(batch)
+                return
+            with self._held_lock:
+                self._held.update(self.key(item) for item in batch)
+            with self._wakeup:
+                self._idle -= len(batch)
+                if len(batch) == wanted:
+                    self._signalled = True  # more may be due: claim again as workers free up
+                else:  # the next poll, or sooner if something falls due before then
+                    wait = self.poll_seconds
+                    if next_due is not None:
+                        # (not under 50 ms: a due row another host's claim has locked is
+                        # passed over until that claim commits)
+                        wait = min(wait, max(0.05, next_due - self.clock()))
+                    next_poll = time.monotonic() + wait
+            for item in batch:
+                self._handoff.put(item)
+
+    def _work_loop(self) -> None:
+        state = self.open_worker()
+        try:
+            while True:
+                with self._wakeup:
+                    self._idle += 1
+                    self._wakeup.notify_all()
+                item = self._handoff.get()
+                if item is None:
+                    return
+                try:
+                    if not self._running:
+                        self._give_back([item])
+                    else:
+                        self.do(item, state)
+                except Exception:
+                    log.exception("%s: %s failed; its lease will expire", self.name, self.key(item))
+                finally:
+                    with self._held_lock:
+                        self._held.discard(self.key(item))
+        finally:
+            self.close_worker(state)
+
+    def _keep_leases_loop(self, stopped: threading.Event) -> None:
+        """Every third of a lease, extend the leases this process holds by a whole lease."""
+        lease = self.lease_seconds
+        while not stopped.wait(lease / 3):
+            with self._held_lock:
+                keys = sorted(self._held)
+            if not keys:
+                continue
+            try:
+                # A renewal lost with the power goes with the process that held the lease.
+                self.store.write(partial(self._renew, keys=keys), False)
+            except Exception:
+                log.exception("%s: renewing leases failed; again in %.0f s", self.name, lease / 3)
+
+    def _renew(self, tx: Writes, keys: Sequence[int]) -> int:
+        return self.renew(tx, keys, self.clock() + self.lease_seconds)
+
+    def _give_back(self, items: Sequence[Item]) -> None:
+        keys = [self.key(item) for item in items]
+        self.store.write(lambda tx: self.give_back(tx, keys))
