@@ -133,6 +133,7 @@ class MailService:
     ) -> Response:
         limiter, caller = self.services.limiter, admission.principal
         given = read_input(request, endpoint, self.schemas, self.settings)
+        self.services.keyring.load()  # never from inside a read transaction (see keyring)
         require_scope(caller, endpoint.scopes)
         arguments = {**matched, **given.arguments}
         if not endpoint.writes:

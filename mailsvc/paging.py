@@ -61,7 +61,7 @@ class Cursors:
 
     def _cipher(self) -> AESGCM:
         if self._aead is None:
-            self._aead = AESGCM(self._keyring.key(_SECRET_NAME, 16))
+            self._aead = AESGCM(self._keyring.key(_SECRET_NAME))
         return self._aead
 
 

@@ -272,3 +272,22 @@ def test_a_host_killed_mid_delivery_leaves_its_mail_to_the_other(two_hosts, sink
     assert all(first_seen[message_id] < killed_at for message_id in twice)
     assert len(twice) <= 2 * 4
     assert store.reads.get_account(account_id).credits == 100_000 - 80
+
+
+def test_reads_that_need_a_service_key_never_wait_on_the_pool_they_hold(database, clock):
+    # Each list seals a cursor with a key of the service's. Fetched from inside the read, the
+    # first requests of a process would each hold a connection and wait for a second one.
+    app = create_app({"database": database, "postgres_pool_size": 2}, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    for _ in range(3):
+        client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+    fresh = create_app({"database": database, "postgres_pool_size": 2}, clock=clock)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def page(_: int) -> int:
+        return Client(fresh).get("/v1/emails?limit=1", headers=tenant.headers).status_code
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(page, range(8))) == [200] * 8
+    assert time.monotonic() - started < 5.0
