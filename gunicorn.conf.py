@@ -2,17 +2,34 @@
 
 ``-b`` and ``-w`` on the command line override what is set here, as gunicorn always allows.
 The master checks the settings and opens the store (migrating it) before it forks; a setting
-that cannot work is one line on stderr and a non-zero exit. Delivery threads start in each
-worker after fork and stop, gracefully, when the worker exits.
+that cannot work is one line on stderr and a non-zero exit, an unknown ``MAILSVC_*`` variable a
+warning. Delivery threads start in each worker after fork and stop, gracefully, when the worker
+exits. Metrics of every worker are counted together (prometheus_client's multiprocess mode).
 """
 
-from mailsvc.settings import SettingsError, load_settings
-from mailsvc.startup import check_or_exit, fail
+import os
+import shutil
+import tempfile
+
+# prometheus_client reads this when it is first imported, so before anything of mailsvc's; a
+# folder of our own unless the operator names one, emptied at every start.
+_MADE_METRICS_FOLDER = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+_METRICS_FOLDER = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(
+    prefix="mailsvc-metrics-"
+)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _METRICS_FOLDER
+
+from mailsvc import logs  # noqa: E402
+from mailsvc.settings import SettingsError, load_settings, unknown_variables  # noqa: E402
+from mailsvc.startup import check_or_exit, fail, warn  # noqa: E402
 
 try:
     _settings = load_settings()
 except SettingsError as exc:
     fail(str(exc))
+for _warning in unknown_variables():
+    warn(_warning)
+logs.configure(_settings.log_format)
 
 wsgi_app = "mailsvc.wsgi:app"
 bind = _settings.bind
@@ -27,6 +44,8 @@ graceful_timeout = 30
 
 
 def on_starting(server):
+    for entry in os.listdir(_METRICS_FOLDER):  # counts of an earlier run are not this one's
+        os.remove(os.path.join(_METRICS_FOLDER, entry))
     check_or_exit(_settings)
 
 
@@ -41,3 +60,14 @@ def worker_exit(server, worker):
     stop = getattr(getattr(worker, "wsgi", None), "stop", None)
     if stop is not None:
         stop(graceful=True, timeout=server.cfg.graceful_timeout - 1)
+
+
+def child_exit(server, worker):
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    if _MADE_METRICS_FOLDER:
+        shutil.rmtree(_METRICS_FOLDER, ignore_errors=True)

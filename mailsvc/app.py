@@ -31,14 +31,18 @@ from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 from werkzeug.wsgi import ClosingIterator
 
-from . import idempotency
-from .auth import Principal, authenticate, read_token, require_scope
+from . import access, idempotency, metrics
+from .api.operations import Text
+from .auth import Principal, authenticate, check_bearer, read_token, require_scope
 from .changes import Change
 from .delivery import DeliveryPool
 from .errors import InsufficientCredit, RateLimited, ServiceError, render_error
 from .idempotency import Claim, Replay
 from .inputs import AUTHENTICATED, Input, discard_unread_body, read_input
+from .openapi import build as build_openapi
+from .openapi import route_template
 from .ratelimit import Admission
+from .retention import Purger
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
@@ -72,19 +76,29 @@ class MailService:
             return_path=self.services.return_path,
             on_events=self.webhooks.wake,
         )
+        self.purger = Purger(
+            self.store,
+            clock,
+            settings.retention_days,
+            settings.purge_interval_seconds,
+            settings.idempotency_ttl_seconds,
+        )
         self.url_map: Map = URL_MAP
+        self._openapi: dict[str, Any] | None = None
 
     def start(self) -> None:
-        """Start the delivery threads of this process, mail's and webhooks' (after
-        ``fork()``)."""
+        """Start the delivery threads of this process, mail's and webhooks', and the purge of
+        old mail (after ``fork()``)."""
         self.delivery.start()
         self.webhooks.start()
+        self.purger.start()
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
         """Stop delivery; when graceful, let the SMTP transactions and webhook requests in
         flight finish first. Then the store lets go of this process's connections and threads
         (it opens them again if the app is used afterwards)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.purger.stop(timeout=timeout)
         self.delivery.stop(graceful=graceful, timeout=timeout)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.webhooks.stop(graceful=graceful, timeout=left)
@@ -93,31 +107,61 @@ class MailService:
     def __call__(
         self, environ: dict[str, Any], start_response: Callable[..., Any]
     ) -> Iterable[bytes]:
+        started = time.perf_counter()
+        request = Request(environ)
+        request_id = access.request_id(request.headers.get(access.HEADER))
         try:
-            response = self.dispatch(Request(environ))
+            response = self.dispatch(request)
         except Exception as exc:
             response = render_error(exc)
+        response.headers[access.HEADER] = request_id
+        access.record(request, response, started, request_id)
         answer = response(environ, start_response)
         return ClosingIterator(answer, partial(discard_unread_body, environ))
 
+    @property
+    def openapi(self) -> dict[str, Any]:
+        """The OpenAPI document of this service, built once."""
+        if self._openapi is None:
+            self._openapi = build_openapi(self.url_map)
+        return self._openapi
+
     def dispatch(self, request: Request) -> Response:
-        endpoint, matched = self.url_map.bind_to_environ(request.environ).match()
+        rule, matched = self.url_map.bind_to_environ(request.environ).match(return_rule=True)
+        endpoint: Endpoint = rule.endpoint  # type: ignore[assignment]
+        request.environ[access.ROUTE] = route_template(rule)
+        if endpoint.public:
+            return self._public(request, endpoint)
         admission = self._admit(request, endpoint, self.clock())
         try:
-            return self._respond(request, endpoint, matched, admission)
+            response = self._respond(request, endpoint, matched, admission)
         except RateLimited:
             raise
-        except (ServiceError, HTTPException):
+        except (ServiceError, HTTPException) as exc:
             # A refused request counts against the rate limit too: its token is taken, and
             # nothing else it did stands. (Losing the last token to a race makes it a 429.)
             self.services.limiter.take_alone(self.store, admission)
-            raise
+            response = render_error(exc)
+        response.headers.update(self.services.limiter.headers(admission))
+        return response
+
+    def _public(self, request: Request, endpoint: Endpoint) -> Response:
+        """A route without an API key or a rate limit; metrics ask for their own token."""
+        if endpoint.token_setting is not None:
+            check_bearer(
+                request.headers.get("Authorization"), self.settings[endpoint.token_setting]
+            )
+        data = endpoint.handler(self)
+        if isinstance(data, Text):
+            return Response(data.body, status=endpoint.status, content_type=data.content_type)
+        return _json_response(json.dumps(data), endpoint.status)
 
     def _admit(self, request: Request, endpoint: Endpoint, now: float) -> Admission:
         """Who is asking (401), and whether they may ask now (429): one read of the store."""
         token = read_token(request.headers.get("Authorization"))
         principal, caller = authenticate(token, self.store.reads, endpoint.rate_group)
         request.environ[AUTHENTICATED] = True
+        request.environ[access.ACCOUNT] = principal.account_id
         return self.services.limiter.admit(caller, principal, endpoint.rate_group, now)
 
     def _respond(
@@ -132,6 +176,8 @@ class MailService:
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
         limiter, caller = self.services.limiter, admission.principal
+        if "email_id" in matched:
+            request.environ[access.EMAIL] = matched["email_id"]
         given = read_input(request, endpoint, self.schemas, self.settings)
         self.services.keyring.load()  # never from inside a read transaction (see keyring)
         require_scope(caller, endpoint.scopes)
@@ -177,6 +223,9 @@ class MailService:
         admission.taken = True
         if replay is not None:
             return _replayed(replay)
+        if change.accepted:
+            metrics.ACCEPTED.inc(len(change.accepted))
+            request.environ[access.EMAIL] = ",".join(change.accepted)
         if change.wakes_delivery:
             self.delivery.wake()
         if change.wakes_webhooks:

@@ -15,7 +15,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .errors import Forbidden, NotAuthenticated
+from .errors import Forbidden, NotAuthenticated, NotFound
 from .ids import new_id
 from .store import Caller, Reads
 
@@ -92,6 +92,22 @@ def authenticate(token: Token, reads: Reads, route_group: str) -> tuple[Principa
         raise NotAuthenticated("Authorization: unknown or revoked API key")
     assert caller is not None
     return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at), caller
+
+
+def check_bearer(authorization: str | None, secret: str) -> None:
+    """A route guarded by a token of the operator's (metrics): served only when the token is
+    set, and only to a request that presents it.
+
+    :raises NotFound: no token is set (the route is not served).
+    :raises NotAuthenticated: the request does not present it.
+    """
+    if not secret:
+        raise NotFound("no such route")
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), secret.encode()
+    ):
+        raise NotAuthenticated("Authorization: expected 'Bearer <the metrics token>'")
 
 
 def require_scope(principal: Principal, scopes: tuple[str, ...]) -> None:

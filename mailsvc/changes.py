@@ -25,6 +25,7 @@ class Change:
         when the answer holds a secret that must not be stored.
     :param wakes_delivery: the change queued mail.
     :param wakes_webhooks: the change may have made webhook events.
+    :param accepted: the ids of the emails it accepts.
     """
 
     apply: Callable[[Writes], None] | None
@@ -32,3 +33,5 @@ class Change:
     replayed: dict[str, Any] | None = None
     wakes_delivery: bool = False
     wakes_webhooks: bool = False
+    #: The ids of the emails it accepts (counted, and named in the access log).
+    accepted: tuple[str, ...] = ()

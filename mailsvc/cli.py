@@ -1,7 +1,8 @@
 """The operator CLI, ``mailsvc`` (also ``python -m mailsvc``), on the service's own settings.
 
-Each command prints one JSON object on stdout and exits 0; on error it prints a message on
-stderr and exits 1 (2 for a command line that does not parse).
+Each command prints one JSON object on stdout and exits 0; on error it prints one line on stderr
+and exits 1 (2 for a command line that does not parse; 75, ``EX_TEMPFAIL``, when ``inbound``
+could not write the store). ``mailsvc`` alone, or a noun alone, prints its usage.
 """
 
 from __future__ import annotations
@@ -14,144 +15,173 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import operator
+from . import __version__, operator
 from .inbound.reports import MAX_REPORT_BYTES
 from .services import build_services
-from .settings import SettingsError, load_settings
-from .startup import open_checked_store
+from .settings import SettingsError, load_settings, unknown_variables
+from .startup import open_checked_store, warn
 from .store import Store, StoreUnavailable
 
 #: sysexits.h: a temporary failure; the caller (an MTA) should try again later.
 EX_TEMPFAIL = 75
 
 Action = Callable[[Store, argparse.Namespace], dict[str, Any]]
+ACCOUNT = "the account's id (acc_...; see: mailsvc accounts list)"
+REASONS = ("bounced", "complained", "manual")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mailsvc", description="Operate a mailsvc store (MAILSVC_DATABASE)."
+        prog="mailsvc",
+        description="Operate a mailsvc deployment: its store (MAILSVC_DATABASE) and settings.",
+        epilog="Every command prints one JSON object. Settings come from MAILSVC_* variables.",
     )
-    nouns = parser.add_subparsers(dest="noun", required=True)
+    parser.add_argument("--version", action="version", version=f"mailsvc {__version__}")
+    nouns = parser.add_subparsers(dest="noun", metavar="COMMAND")
 
-    def command(noun: Any, name: str, action: Action, help: str) -> argparse.ArgumentParser:
-        sub = noun.add_parser(name, help=help)
-        sub.set_defaults(action=action)
+    def noun(name: str, help: str) -> Any:
+        sub = nouns.add_parser(name, help=help, description=help)
+        sub.set_defaults(usage=sub)
+        return sub.add_subparsers(dest="verb", metavar="ACTION")
+
+    def command(
+        verbs: Any, name: str, action: Action, help: str, store: bool = True
+    ) -> argparse.ArgumentParser:
+        sub = verbs.add_parser(name, help=help, description=help)
+        sub.set_defaults(action=action, needs_store=store)
         return sub
 
-    noun = nouns.add_parser("accounts", help="accounts").add_subparsers(dest="verb", required=True)
+    verbs = noun("accounts", "accounts: who sends, and their credit")
     sub = command(
-        noun,
+        verbs,
         "create",
         lambda db, a: operator.create_account(db, a.name, a.credits),
         "create an account",
     )
-    sub.add_argument("--name", required=True)
-    sub.add_argument("--credits", type=int, default=0)
-
-    noun = nouns.add_parser("credits", help="credit").add_subparsers(dest="verb", required=True)
+    sub.add_argument("--name", required=True, help="what to call it (shown in the API)")
+    sub.add_argument("--credits", type=int, default=0, help="credit to start with (default 0)")
     sub = command(
-        noun,
+        verbs,
+        "list",
+        lambda db, a: operator.list_accounts(db, a.limit),
+        "list accounts, newest first",
+    )
+    sub.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+
+    verbs = noun("credits", "credit: what sending costs (one a recipient by default)")
+    sub = command(
+        verbs,
         "add",
         lambda db, a: operator.add_credits(db, a.account, a.amount),
         "add credit to an account (negative to remove)",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("--amount", type=int, required=True)
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument("--amount", type=int, required=True, help="credits to add (or remove)")
 
-    noun = nouns.add_parser("keys", help="API keys").add_subparsers(dest="verb", required=True)
+    verbs = noun("keys", "API keys")
     sub = command(
-        noun,
+        verbs,
         "create",
-        lambda db, a: operator.create_key(db, a.account, a.scope),
-        "create an API key (shown once)",
+        lambda db, a: operator.create_key(db, a.account, a.scope, a.name),
+        "create an API key (its secret is shown this once)",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("--scope", choices=("full", "sending"), default="full")
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument(
+        "--scope",
+        choices=("full", "sending"),
+        default="full",
+        help="full: every route; sending: send, cancel and move mail only (default full)",
+    )
+    sub.add_argument("--name", help="what the key is for, shown in GET /v1/api-keys")
     sub = command(
-        noun, "revoke", lambda db, a: operator.revoke_key(db, a.key_id), "revoke an API key"
+        verbs, "revoke", lambda db, a: operator.revoke_key(db, a.key_id), "revoke an API key"
     )
-    sub.add_argument("key_id", metavar="KEY_ID")
+    sub.add_argument("key_id", metavar="KEY_ID", help="the key's id (key_...)")
 
-    noun = nouns.add_parser("domains", help="sender domains").add_subparsers(
-        dest="verb", required=True
-    )
+    verbs = noun("domains", "sender domains")
     sub = command(
-        noun,
+        verbs,
         "add",
-        lambda db, a: operator.add_domain(db, a.account, a.domain, a.verified, a.key_bits),
-        "add a sender domain, with a new DKIM key, to an account",
+        lambda db, a: operator.add_domain(
+            db, a.account, a.domain, a.verified, a.settings.dkim_key_bits, a.settings
+        ),
+        "add a sender domain, with a new DKIM key, to an account (as POST /v1/domains)",
     )
-    sub.add_argument("--account", required=True)
+    sub.add_argument("--account", required=True, help=ACCOUNT)
     sub.add_argument(
         "--verified",
         action="store_true",
-        help="mark it verified now (operator override of the DNS check)",
+        help="mark it verified now (the operator's override of the DNS check)",
     )
-    sub.add_argument("domain", metavar="DOMAIN")
+    sub.add_argument("domain", metavar="DOMAIN", help="the domain, such as acme.example")
     sub = command(
-        noun,
+        verbs,
         "show",
         lambda db, a: operator.show_domain(db, a.domain, a.account),
         "show a domain and the DKIM TXT record to publish",
     )
     sub.add_argument("--account", help="the account, when several added the domain")
-    sub.add_argument("domain", metavar="DOMAIN")
+    sub.add_argument("domain", metavar="DOMAIN", help="the domain")
     sub = command(
-        noun,
+        verbs,
         "verify",
         lambda db, a: operator.verify_domain(db, a.services, a.domain, a.account),
         "look the domain's records up in DNS now (MAILSVC_DNS_SERVERS)",
     )
     sub.add_argument("--account", help="the account, when several added the domain")
-    sub.add_argument("domain", metavar="DOMAIN")
+    sub.add_argument("domain", metavar="DOMAIN", help="the domain")
 
-    noun = nouns.add_parser("limits", help="rate limits").add_subparsers(dest="verb", required=True)
+    verbs = noun("limits", "rate limits")
     sub = command(
-        noun,
+        verbs,
         "set",
         lambda db, a: operator.set_limit(db, a.account, a.group, a.per_minute),
         "set an account's own rate limit for a route group",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("--group", required=True, choices=("send", "list", "other"))
-    sub.add_argument("--per-minute", type=int, required=True)
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument(
+        "--group",
+        required=True,
+        choices=("send", "list", "other"),
+        help="send: POST /v1/emails...; list: GET /v1/emails...; other: the rest",
+    )
+    sub.add_argument("--per-minute", type=int, required=True, help="requests a minute")
 
-    noun = nouns.add_parser(
-        "suppressions", help="addresses an account no longer sends to"
-    ).add_subparsers(dest="verb", required=True)
+    verbs = noun("suppressions", "addresses an account no longer sends to")
     sub = command(
-        noun,
+        verbs,
         "list",
         lambda db, a: operator.list_suppressions(db, a.account, a.reason),
         "list an account's suppressed addresses, newest first",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("--reason", choices=("bounced", "complained", "manual"))
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument("--reason", choices=REASONS, help="only those of this reason")
     sub = command(
-        noun,
+        verbs,
         "add",
         lambda db, a: operator.add_suppression(db, a.account, a.address, a.reason),
         "stop sending to an address",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("--reason", choices=("bounced", "complained", "manual"), default="manual")
-    sub.add_argument("address", metavar="ADDRESS")
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument("--reason", choices=REASONS, default="manual", help="why (default manual)")
+    sub.add_argument("address", metavar="ADDRESS", help="the address")
     sub = command(
-        noun,
+        verbs,
         "remove",
         lambda db, a: operator.remove_suppression(db, a.account, a.address),
         "send to an address again",
     )
-    sub.add_argument("--account", required=True)
-    sub.add_argument("address", metavar="ADDRESS")
+    sub.add_argument("--account", required=True, help=ACCOUNT)
+    sub.add_argument("address", metavar="ADDRESS", help="the address")
 
     sub = nouns.add_parser(
         "inbound",
         help="use a bounce or complaint report: one message on stdin, or a Maildir's new mail",
-        description="Exits 0 when the message was used or is not a report, 75 (EX_TEMPFAIL) "
-        "when the store could not be written, so that the MTA tries again.",
+        description="Use a bounce or complaint report. Exits 0 when the message was used or is "
+        "not a report, 75 (EX_TEMPFAIL) when the store could not be written, so that the MTA "
+        "tries again.",
     )
-    sub.set_defaults(action=_inbound)
+    sub.set_defaults(action=_inbound, needs_store=True)
     sub.add_argument(
         "--recipient",
         metavar="ADDRESS",
@@ -162,11 +192,24 @@ def _parser() -> argparse.ArgumentParser:
     sub = nouns.add_parser(
         "migrate-data",
         help="copy this SQLite store (MAILSVC_DATABASE) into an empty PostgreSQL database",
+        description="Copy this SQLite store (MAILSVC_DATABASE) into an empty PostgreSQL "
+        "database, whole, in one transaction; stop the service first.",
     )
     sub.set_defaults(
-        action=lambda db, a: operator.migrate_data(db, a.to, a.settings.idempotency_ttl_seconds)
+        action=lambda db, a: operator.migrate_data(db, a.to, a.settings.idempotency_ttl_seconds),
+        needs_store=True,
     )
-    sub.add_argument("--to", required=True, metavar="URL", help="postgresql://user:pass@host/db")
+    sub.add_argument(
+        "--to", required=True, metavar="URL", help="postgresql://user:password@host:5432/db"
+    )
+
+    sub = nouns.add_parser(
+        "check",
+        help="check the settings, the store and the relay, and say what was found",
+        description="Check the settings, the store (open, migrate, write) and the relay "
+        "(connect, EHLO, STARTTLS and AUTH as configured); exit 1 if anything fails.",
+    )
+    sub.set_defaults(action=lambda db, a: operator.check(a.settings), needs_store=False)
     return parser
 
 
@@ -179,13 +222,20 @@ def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="mailsvc: %(message)s", stream=sys.stderr)
-    arguments = _parser().parse_args(argv)
+    parser = _parser()
+    arguments = parser.parse_args(argv)
+    if not hasattr(arguments, "action"):  # no command, or a noun without its action
+        getattr(arguments, "usage", parser).print_help()
+        return 0
     try:
         settings = load_settings()
-        store = open_checked_store(settings)
-        arguments.key_bits = settings.dkim_key_bits
+        for warning in unknown_variables():
+            warn(warning)
         arguments.settings = settings
-        arguments.services = build_services(settings, time.time, store)
+        store = None
+        if arguments.needs_store:
+            store = open_checked_store(settings)
+            arguments.services = build_services(settings, time.time, store)
         result = arguments.action(store, arguments)
     except operator.TryLater as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
@@ -197,4 +247,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
     print(json.dumps(result))
-    return 0
+    return 0 if result.get("ok", True) else 1

@@ -81,15 +81,24 @@ class UnsupportedMediaType(ServiceError):
     status = 415
 
 
+class ServiceUnavailable(ServiceError):
+    """The service cannot do its work now (the store, delivery): the reason says which."""
+
+    status = 503
+
+
 class RateLimited(ServiceError):
     status = 429
 
-    def __init__(self, message: str, retry_after: float) -> None:
+    def __init__(
+        self, message: str, retry_after: float, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = max(1, math.ceil(retry_after))
+        self._headers = headers or {}
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
+        return {**self._headers, "Retry-After": str(self.retry_after)}
 
 
 def error_body(status: int, message: str) -> dict[str, object]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .api.domains import check_domain
+from .api.domains import check_domain, present_domain
 from .api.suppressions import present_suppression
 from .auth import SCOPES, issue_key
 from .errors import ServiceError, ValidationFailed
@@ -26,7 +26,9 @@ from .mail.addresses import normalise_domain, parse_address
 from .mail.dkim import dns_record, new_signing_key
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
+from .settings import SETTINGS, Settings, load_settings, unknown_variables
 from .store import POSTGRES_SCHEMES, Domain, DomainTaken, Reads, Store, StoreUnavailable, Writes
+from .timestamps import iso_time
 
 log = logging.getLogger("mailsvc.operator")
 
@@ -58,17 +60,29 @@ def add_credits(store: Store, account_id: str, amount: int) -> dict[str, Any]:
     return {"account": account_id, "credits": balance}
 
 
-def create_key(store: Store, account_id: str, scope: str = "full") -> dict[str, Any]:
+def list_accounts(store: Store, limit: int = 100) -> dict[str, Any]:
+    """The accounts, newest first."""
+    return {
+        "data": [
+            {"id": a.id, "name": a.name, "credits": a.credits, "createdAt": iso_time(a.created_at)}
+            for a in store.reads.list_accounts(limit)
+        ]
+    }
+
+
+def create_key(
+    store: Store, account_id: str, scope: str = "full", name: str | None = None
+) -> dict[str, Any]:
     if scope not in SCOPES:
         raise OperatorError(f"--scope: must be one of {', '.join(SCOPES)}")
     key = issue_key()
 
     def create(tx: Writes) -> None:
         _require_account(tx, account_id)
-        tx.create_api_key(key.id, account_id, key.secret_hash, scope, time.time())
+        tx.create_api_key(key.id, account_id, key.secret_hash, scope, time.time(), name=name)
 
     store.write(create)
-    return {"id": key.id, "key": key.token, "scope": scope}
+    return {"id": key.id, "key": key.token, "scope": scope, "name": name}
 
 
 def revoke_key(store: Store, key_id: str) -> dict[str, Any]:
@@ -78,9 +92,15 @@ def revoke_key(store: Store, key_id: str) -> dict[str, Any]:
 
 
 def add_domain(
-    store: Store, account_id: str, domain: str, verified: bool, key_bits: int = 2048
+    store: Store,
+    account_id: str,
+    domain: str,
+    verified: bool,
+    key_bits: int = 2048,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
-    """Add a sender domain, with a new DKIM key, to an account; ``verified`` marks it verified."""
+    """Add a sender domain, with a new DKIM key, to an account; ``verified`` marks it verified.
+    The domain as ``POST /v1/domains`` answers it, with the records to publish."""
     name = _domain_name(domain)
     signing_key = new_signing_key(key_bits)  # before the write: it takes a while
 
@@ -100,7 +120,7 @@ def add_domain(
             raise OperatorError(f"domain {name}: already verified by another account") from None
 
     added = store.write(add)
-    return {"domain": name, "verified": added.verified}
+    return present_domain(added, settings or load_settings())
 
 
 def show_domain(store: Store, domain: str, account_id: str | None = None) -> dict[str, Any]:
@@ -292,3 +312,57 @@ def _address(address: str) -> str:
         return parse_address(address.strip(), "address")
     except ValidationFailed as exc:
         raise OperatorError(exc.message) from None
+
+
+# -- checking a deployment ---------------------------------------------------------------------
+
+
+def check(settings: Settings) -> dict[str, Any]:
+    """What ``mailsvc check`` finds: the settings as given, the store (opened, migrated, written
+    to), and the relay (each step of a connection as delivery makes it). ``ok`` is whether all
+    of it works."""
+    from .delivery.transport import RelayUrl, probe_relay
+    from .startup import open_checked_store
+
+    found: dict[str, Any] = {
+        "settings": {
+            "ok": True,
+            "set": sorted(s.env_name for s in SETTINGS if s.env_name in os.environ),
+            "warnings": unknown_variables(),
+        }
+    }
+    try:
+        store = open_checked_store(settings)
+        store.write(lambda tx: tx.probe(time.time()), durable=False)
+        depth, _ = store.reads.queue_depth(time.time())
+        found["store"] = {
+            "ok": True,
+            "backend": store.backend,
+            "database": _without_password(settings.database),
+            "waiting": depth,
+        }
+        store.shutdown()
+    except Exception as exc:
+        found["store"] = {"ok": False, "error": " ".join(str(exc).split())}
+    if settings.smtp_url:
+        relay = probe_relay(
+            RelayUrl.parse(settings.smtp_url),
+            min(settings.smtp_timeout_seconds, 10.0),
+            settings.smtp_ca_file or None,
+        )
+        found["relay"] = {"url": _without_password(settings.smtp_url), **relay}
+    else:
+        outbox = Path(settings.outbox)
+        try:
+            for folder in ("tmp", "new", "cur"):
+                (outbox / folder).mkdir(parents=True, exist_ok=True)
+            writable = os.access(outbox / "tmp", os.W_OK)
+        except OSError:
+            writable = False
+        found["relay"] = {
+            "ok": writable,
+            "maildir": str(outbox),
+            "note": "no MAILSVC_SMTP_URL: mail is delivered into this Maildir",
+        }
+    found["ok"] = all(part["ok"] for part in found.values() if isinstance(part, dict))
+    return found

@@ -15,6 +15,7 @@ that loses leaves nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ class Admission:
     group: str
     per_minute: int
     now: float
+    #: The bucket's tokens as the request found them (before its own).
+    tokens: float = 0.0
     taken: bool = False
 
 
@@ -62,7 +65,12 @@ class RateLimiter:
         tokens = _tokens_at(caller, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)
-        return Admission(principal, group, per_minute, now)
+        return Admission(principal, group, per_minute, now, tokens)
+
+    def headers(self, admission: Admission) -> dict[str, str]:
+        """``RateLimit-Limit``, ``-Remaining`` and ``-Reset`` of an answer (the bucket as this
+        request leaves it: ``Reset`` is the seconds until it is full again)."""
+        return _headers(admission.per_minute, admission.tokens - 1.0)
 
     def take(self, tx: Writes, admission: Admission) -> None:
         """Take the request's token, in ``tx``; note that its key was used (once a minute).
@@ -106,4 +114,14 @@ def _limited(group: str, per_minute: int, tokens: float) -> RateLimited:
         f"rate limit: {per_minute} requests per minute for this endpoint group ({group}); "
         f"retry later",
         (1.0 - tokens) / (per_minute / 60.0),
+        _headers(per_minute, tokens),
     )
+
+
+def _headers(per_minute: int, left: float) -> dict[str, str]:
+    left = max(0.0, left)
+    return {
+        "RateLimit-Limit": str(per_minute),
+        "RateLimit-Remaining": str(math.floor(left)),
+        "RateLimit-Reset": str(math.ceil((per_minute - left) / (per_minute / 60.0))),
+    }

@@ -1,4 +1,8 @@
-"""The routing table: every route of the API, its handler, and what is checked before it runs."""
+"""The routing table: every route of the API, its handler, and what is checked before it runs.
+
+It is also what the OpenAPI document (``GET /v1/openapi.json``, :mod:`mailsvc.openapi`) is built
+from, with the schemas in ``schemas/``: a route cannot be served and left undocumented.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,17 @@ from typing import Any
 
 from werkzeug.routing import Map, Rule
 
-from .api import account, api_keys, domains, emails, sending, suppressions, templates, webhooks
+from .api import (
+    account,
+    api_keys,
+    domains,
+    emails,
+    operations,
+    sending,
+    suppressions,
+    templates,
+    webhooks,
+)
 from .auth import FULL, SENDING
 from .ratelimit import LIST, OTHER, SEND
 from .settings import Settings
@@ -22,120 +36,223 @@ class Endpoint:
     :param handler: a read, ``handler(view, caller, services, **arguments) -> data``, runs in one
         read transaction. A write, ``handler(reads, caller, services, **arguments) -> Change``,
         prepares outside any lock what the dispatcher then applies in one job of the store's
-        writer (see :mod:`mailsvc.changes`).
+        writer (see :mod:`mailsvc.changes`). A public route's, ``handler(service) -> data``.
+    :param summary: what it does, for the OpenAPI document.
+    :param response: the schema of its 2xx answer (``responses.json#/$defs/<response>``).
     :param schema: the JSON Schema (in ``schemas/``) of the body, or of the query for a GET.
     :param parse: ``parse(input, settings, problems)`` turns the input, with the settings,
         into what the handler takes, adding its own problems to the schema's and refusing with
         all of them (``problems.raise_if_any()``); no I/O.
+    :param refusals: the statuses its handler refuses with, besides those every route of its
+        kind has (401, 429, 400 for its input, 404 for an id, 403 for a scope: see
+        :func:`mailsvc.openapi.statuses`).
     :param large_body: the route takes attachments: its body may be ``max_send_body_bytes``.
+    :param public: no API key, no rate limit (health, the document, metrics).
+    :param token_setting: a public route that wants ``Authorization: Bearer <that setting>``,
+        and is not served while the setting is empty.
     """
 
     handler: Callable[..., Any]
-    rate_group: str
+    summary: str
+    response: str
+    rate_group: str = OTHER
     scopes: tuple[str, ...] = (FULL,)
     schema: str | None = None
     parse: Callable[[Any, Settings, Problems], Any] | None = None
     status: int = 200
     writes: bool = False
+    refusals: tuple[int, ...] = ()
     large_body: bool = False
+    public: bool = False
+    token_setting: str | None = None
 
 
 SEND_EMAIL = Endpoint(
     emails.send_email,
+    "Send an email",
+    "accepted",
     SEND,
     scopes=(FULL, SENDING),
     schema="send_email",
     parse=sending.parse_send_request,
     writes=True,
+    refusals=(402, 403),
     large_body=True,
 )
 SEND_BATCH = Endpoint(
     emails.send_batch,
+    "Send 1 to 100 emails, all or none",
+    "batchAccepted",
     SEND,
     scopes=(FULL, SENDING),
     schema="send_batch",
     parse=sending.parse_batch,
     writes=True,
+    refusals=(402, 403),
     large_body=True,
 )
-CANCEL_EMAIL = Endpoint(emails.cancel_email, OTHER, scopes=(FULL, SENDING), writes=True)
+CANCEL_EMAIL = Endpoint(
+    emails.cancel_email,
+    "Cancel a scheduled email (its credit given back)",
+    "emailChanged",
+    scopes=(FULL, SENDING),
+    writes=True,
+    refusals=(403,),
+)
 RESCHEDULE_EMAIL = Endpoint(
     emails.reschedule_email,
-    OTHER,
+    "Move a scheduled email to another time",
+    "emailChanged",
     scopes=(FULL, SENDING),
     schema="reschedule",
     parse=emails.parse_reschedule,
     writes=True,
+    refusals=(403,),
 )
 LIST_EMAILS = Endpoint(
-    emails.list_emails, LIST, schema="list_emails", parse=emails.parse_list_query
+    emails.list_emails,
+    "List emails, newest first",
+    "emailPage",
+    LIST,
+    schema="list_emails",
+    parse=emails.parse_list_query,
 )
-GET_EMAIL = Endpoint(emails.get_email, LIST)
+GET_EMAIL = Endpoint(emails.get_email, "One email, with its timeline", "email", LIST)
+
 CREATE_TEMPLATE = Endpoint(
     templates.create_template,
-    OTHER,
+    "Create a template",
+    "template",
     schema="template",
     parse=templates.parse_template,
     status=201,
     writes=True,
 )
-LIST_TEMPLATES = Endpoint(templates.list_templates, OTHER, schema="page_query")
-GET_TEMPLATE = Endpoint(templates.get_template, OTHER)
+LIST_TEMPLATES = Endpoint(
+    templates.list_templates, "List templates", "templatePage", schema="page_query"
+)
+GET_TEMPLATE = Endpoint(templates.get_template, "One template", "template")
 UPDATE_TEMPLATE = Endpoint(
     templates.update_template,
-    OTHER,
+    "Replace a template",
+    "template",
     schema="template",
     parse=templates.parse_template,
     writes=True,
 )
-DELETE_TEMPLATE = Endpoint(templates.delete_template, OTHER, writes=True)
-RENDER_TEMPLATE = Endpoint(templates.render_template, OTHER, schema="render_template", writes=True)
+DELETE_TEMPLATE = Endpoint(templates.delete_template, "Delete a template", "deleted", writes=True)
+RENDER_TEMPLATE = Endpoint(
+    templates.render_template,
+    "Render a template without sending",
+    "rendered",
+    schema="render_template",
+    writes=True,
+)
 
 CREATE_DOMAIN = Endpoint(
     domains.create_domain,
-    OTHER,
+    "Add a sender domain",
+    "domain",
     schema="new_domain",
     parse=domains.parse_new_domain,
     status=201,
     writes=True,
+    refusals=(409,),
 )
-LIST_DOMAINS = Endpoint(domains.list_domains, OTHER, schema="page_query")
-GET_DOMAIN = Endpoint(domains.get_domain, OTHER)
-DELETE_DOMAIN = Endpoint(domains.delete_domain, OTHER, writes=True)
-VERIFY_DOMAIN = Endpoint(domains.verify_domain, OTHER, writes=True)
+LIST_DOMAINS = Endpoint(domains.list_domains, "List domains", "domainPage", schema="page_query")
+GET_DOMAIN = Endpoint(domains.get_domain, "One domain, with its DNS records", "domain")
+DELETE_DOMAIN = Endpoint(domains.delete_domain, "Delete a domain", "deleted", writes=True)
+VERIFY_DOMAIN = Endpoint(
+    domains.verify_domain, "Check a domain's DNS records now", "domain", writes=True
+)
+
 CREATE_KEY = Endpoint(
     api_keys.create_api_key,
-    OTHER,
+    "Create an API key (its secret shown once)",
+    "apiKey",
     schema="new_api_key",
     parse=api_keys.parse_new_key,
     status=201,
     writes=True,
 )
-LIST_KEYS = Endpoint(api_keys.list_api_keys, OTHER, schema="page_query")
-REVOKE_KEY = Endpoint(api_keys.revoke_api_key, OTHER, writes=True)
-GET_ACCOUNT = Endpoint(account.get_account, OTHER)
+LIST_KEYS = Endpoint(api_keys.list_api_keys, "List API keys", "apiKeyPage", schema="page_query")
+REVOKE_KEY = Endpoint(api_keys.revoke_api_key, "Revoke an API key", "revoked", writes=True)
+GET_ACCOUNT = Endpoint(account.get_account, "Your account, credit and rate limits", "account")
 
-LIST_SUPPRESSIONS = Endpoint(suppressions.list_suppressions, OTHER, schema="list_suppressions")
+LIST_SUPPRESSIONS = Endpoint(
+    suppressions.list_suppressions,
+    "List suppressed addresses",
+    "suppressionPage",
+    schema="list_suppressions",
+)
 CREATE_SUPPRESSION = Endpoint(
     suppressions.create_suppression,
-    OTHER,
+    "Suppress an address",
+    "suppression",
     schema="new_suppression",
     parse=suppressions.parse_new_suppression,
     status=201,
     writes=True,
+    refusals=(409,),
 )
-DELETE_SUPPRESSION = Endpoint(suppressions.delete_suppression, OTHER, writes=True)
+DELETE_SUPPRESSION = Endpoint(
+    suppressions.delete_suppression,
+    "Send to an address again",
+    "suppressionDeleted",
+    writes=True,
+    refusals=(400,),
+)
 
 CREATE_WEBHOOK = Endpoint(
-    webhooks.create_webhook, OTHER, schema="new_webhook", status=201, writes=True
+    webhooks.create_webhook,
+    "Create a webhook (its secret shown once)",
+    "webhook",
+    schema="new_webhook",
+    status=201,
+    writes=True,
 )
-LIST_WEBHOOKS = Endpoint(webhooks.list_webhooks, OTHER, schema="page_query")
-GET_WEBHOOK = Endpoint(webhooks.get_webhook, OTHER)
-UPDATE_WEBHOOK = Endpoint(webhooks.update_webhook, OTHER, schema="webhook_update", writes=True)
-DELETE_WEBHOOK = Endpoint(webhooks.delete_webhook, OTHER, writes=True)
-ROTATE_WEBHOOK_SECRET = Endpoint(webhooks.rotate_secret, OTHER, writes=True)
-TEST_WEBHOOK = Endpoint(webhooks.send_test, OTHER, writes=True)
-LIST_WEBHOOK_DELIVERIES = Endpoint(webhooks.list_deliveries, OTHER, schema="page_query")
+LIST_WEBHOOKS = Endpoint(
+    webhooks.list_webhooks, "List webhooks", "webhookPage", schema="page_query"
+)
+GET_WEBHOOK = Endpoint(webhooks.get_webhook, "One webhook", "webhook")
+UPDATE_WEBHOOK = Endpoint(
+    webhooks.update_webhook,
+    "Change a webhook's URL, events or status",
+    "webhook",
+    schema="webhook_update",
+    writes=True,
+)
+DELETE_WEBHOOK = Endpoint(webhooks.delete_webhook, "Delete a webhook", "deleted", writes=True)
+ROTATE_WEBHOOK_SECRET = Endpoint(
+    webhooks.rotate_secret, "Give a webhook a new secret", "webhook", writes=True
+)
+TEST_WEBHOOK = Endpoint(
+    webhooks.send_test, "Send a webhook.test event", "webhookTestSent", writes=True
+)
+LIST_WEBHOOK_DELIVERIES = Endpoint(
+    webhooks.list_deliveries,
+    "What was delivered to a webhook, newest first",
+    "webhookDeliveryPage",
+    schema="page_query",
+)
+
+HEALTH = Endpoint(operations.health, "The process answers", "health", public=True)
+READY = Endpoint(
+    operations.readiness,
+    "The store answers a write, and delivery runs",
+    "ready",
+    refusals=(503,),
+    public=True,
+)
+OPENAPI = Endpoint(operations.openapi_document, "This document", "openapi", public=True)
+METRICS = Endpoint(
+    operations.metrics,
+    "Prometheus metrics (Bearer MAILSVC_METRICS_TOKEN; not served without one)",
+    "metrics",
+    refusals=(401, 404),
+    public=True,
+    token_setting="metrics_token",
+)
 
 URL_MAP = Map(
     [
@@ -168,16 +285,14 @@ URL_MAP = Map(
         Rule("/v1/webhooks/<webhook_id>", methods=["GET"], endpoint=GET_WEBHOOK),
         Rule("/v1/webhooks/<webhook_id>", methods=["PATCH"], endpoint=UPDATE_WEBHOOK),
         Rule("/v1/webhooks/<webhook_id>", methods=["DELETE"], endpoint=DELETE_WEBHOOK),
-        Rule(
-            "/v1/webhooks/<webhook_id>/rotate-secret",
-            methods=["POST"],
-            endpoint=ROTATE_WEBHOOK_SECRET,
-        ),
+        Rule("/v1/webhooks/<webhook_id>/rotate-secret", methods=["POST"],
+             endpoint=ROTATE_WEBHOOK_SECRET),
         Rule("/v1/webhooks/<webhook_id>/test", methods=["POST"], endpoint=TEST_WEBHOOK),
-        Rule(
-            "/v1/webhooks/<webhook_id>/deliveries",
-            methods=["GET"],
-            endpoint=LIST_WEBHOOK_DELIVERIES,
-        ),
+        Rule("/v1/webhooks/<webhook_id>/deliveries", methods=["GET"],
+             endpoint=LIST_WEBHOOK_DELIVERIES),
+        Rule("/v1/openapi.json", methods=["GET"], endpoint=OPENAPI),
+        Rule("/healthz", methods=["GET"], endpoint=HEALTH),
+        Rule("/readyz", methods=["GET"], endpoint=READY),
+        Rule("/metrics", methods=["GET"], endpoint=METRICS),
     ]
-)
+)  # fmt: skip

@@ -7,6 +7,7 @@ mapping from the caller (tests, embedding apps). The README's settings table is 
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -18,32 +19,42 @@ class SettingsError(ValueError):
     """A setting has a value that cannot be used."""
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise ValueError("must be at least 1")
+# Each parser raises ValueError with what it expects; the message names the setting and the
+# value too (see _parse).
+
+
+def _whole(value: str, least: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ValueError(f"a whole number, at least {least}") from None
+    if number < least:
+        raise ValueError(f"a whole number, at least {least}")
     return number
+
+
+def _positive_int(value: str) -> int:
+    return _whole(value, 1)
 
 
 def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise ValueError("must be at least 0")
-    return number
+    return _whole(value, 0)
 
 
 def _positive_float(value: str) -> float:
-    number = float(value)
-    if number <= 0:
-        raise ValueError("must be greater than 0")
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("a number greater than 0 (fractions allowed)") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError("a number greater than 0 (fractions allowed)")
     return number
 
 
 def _dkim_bits(value: str) -> int:
-    bits = int(value)
-    if bits not in (1024, 2048, 3072, 4096):
-        raise ValueError("must be 1024, 2048, 3072 or 4096")
-    return bits
+    if value.strip() not in ("1024", "2048", "3072", "4096"):
+        raise ValueError("1024, 2048, 3072 or 4096")
+    return int(value)
 
 
 def _boolean(value: str) -> bool:
@@ -52,40 +63,75 @@ def _boolean(value: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError("must be true or false")
+    raise ValueError("true or false")
 
 
 def _schedule(value: str) -> tuple[float, ...]:
     """``"0, 5, 300"``: seconds from an event to each attempt after the first."""
+    expected = "seconds (0 or more) separated by commas, such as 0,5,300"
     try:
         delays = tuple(float(part) for part in value.split(",") if part.strip())
     except ValueError:
-        raise ValueError("must be seconds separated by commas, such as 0,5,300") from None
-    if not delays or any(delay < 0 for delay in delays):
-        raise ValueError("must be one or more seconds (0 or more) separated by commas")
+        raise ValueError(expected) from None
+    if not delays or any(not 0 <= delay < float("inf") for delay in delays):
+        raise ValueError(expected)
     return delays
+
+
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 
 
 def _domain_name(value: str) -> str:
     name = value.strip().lower().rstrip(".")
-    if name and not re.fullmatch(
-        r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+", name
-    ):
-        raise ValueError("must be a domain name such as bounces.example.com")
+    if name and not re.fullmatch(rf"{_LABEL}(\.{_LABEL})+", name):
+        raise ValueError("a domain name such as bounces.example.com, or nothing")
     return name
 
 
 def _secret(value: str) -> str:
     if value and len(value) < 16:
-        raise ValueError("must be at least 16 characters (or empty: one is made)")
+        raise ValueError("at least 16 characters (or nothing: one is made)")
     return value
 
 
+def _log_format(value: str) -> str:
+    lowered = value.strip().lower()
+    if lowered not in ("text", "json"):
+        raise ValueError("text or json")
+    return lowered
+
+
 def _synchronous(value: str) -> str:
-    upper = value.upper()
+    upper = value.strip().upper()
     if upper not in ("FULL", "NORMAL", "EXTRA"):
-        raise ValueError("must be FULL, EXTRA or NORMAL")
+        raise ValueError("FULL, EXTRA or NORMAL")
     return upper
+
+
+def _relay_url(value: str) -> str:
+    if value.strip():
+        from .delivery.transport import RelayUrl  # the one reader of a relay URL
+
+        try:
+            RelayUrl.parse(value.strip())
+        except SettingsError:
+            raise ValueError(
+                "smtp://[user:password@]host[:port][?starttls=1] or smtps://..., or nothing"
+            ) from None
+    return value.strip()
+
+
+def _database(value: str) -> str:
+    if not value.strip():
+        raise ValueError("a path to an SQLite file, or postgresql://user:password@host/db")
+    return value.strip()
+
+
+def _bind(value: str) -> str:
+    host, colon, port = value.strip().rpartition(":")
+    if not (value.startswith("unix:") or (colon and host and port.isdigit())):
+        raise ValueError("host:port, such as 127.0.0.1:8000 (or unix:/path)")
+    return value.strip()
 
 
 @dataclass(frozen=True)
@@ -101,7 +147,7 @@ class Setting:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("bind", "127.0.0.1:8000", "Address gunicorn listens on (`-b` overrides it).", str),
+    Setting("bind", "127.0.0.1:8000", "Address gunicorn listens on (`-b` overrides it).", _bind),
     Setting("workers", 2, "gunicorn worker processes (`-w` overrides it).", _positive_int),
     Setting(
         "threads",
@@ -116,6 +162,7 @@ SETTINGS: tuple[Setting, ...] = (
         "./var/mailsvc.sqlite3",
         "The store and the queue: an SQLite file, or `postgresql://user:password@host:5432/db` "
         "for several hosts on one PostgreSQL (see Past one machine).",
+        _database,
     ),
     Setting(
         "postgres_pool_size",
@@ -134,6 +181,7 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "Relay, as `smtp://[user:password@]host[:port][?starttls=1]` or `smtps://...`. "
         "Empty: deliver into the Maildir at `MAILSVC_OUTBOX`.",
+        _relay_url,
     ),
     Setting(
         "smtp_ca_file",
@@ -309,6 +357,33 @@ SETTINGS: tuple[Setting, ...] = (
         "(else refused at creation and at every connection).",
         _boolean,
     ),
+    Setting(
+        "metrics_token",
+        "",
+        "Bearer token that `GET /metrics` asks for. Empty: metrics are not served.",
+    ),
+    Setting(
+        "log_format",
+        "text",
+        "`text` or `json`: one line per request (the access log), per delivery attempt, and "
+        "per change of the relay's health, on standard error.",
+        _log_format,
+    ),
+    Setting(
+        "retention_days",
+        30.0,
+        "Days a final email (sent, failed, canceled, bounced...) is kept, with its recipients, "
+        "events, attachments and webhook deliveries; fractions allowed. Queued, deferred and "
+        "scheduled mail is never purged.",
+        _positive_float,
+    ),
+    Setting(
+        "purge_interval_seconds",
+        3600.0,
+        "How often one process (of every worker and host) purges mail older than its "
+        "retention, in small batches.",
+        _positive_float,
+    ),
     Setting("credits_per_recipient", 1, "Credit charged for each recipient.", _non_negative_int),
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
     Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),
@@ -353,7 +428,10 @@ def load_settings(
     for name, value in (overrides or {}).items():
         if name not in _BY_NAME:
             raise SettingsError(f"unknown setting {name!r}")
-        resolved[name] = _parse(_BY_NAME[name], value, name) if isinstance(value, str) else value
+        setting = _BY_NAME[name]
+        resolved[name] = (
+            _parse(setting, value, setting.env_name) if isinstance(value, str) else value
+        )
     return resolved
 
 
@@ -361,4 +439,22 @@ def _parse(setting: Setting, raw: str, source: str) -> Any:
     try:
         return setting.parse(raw)
     except ValueError as exc:
-        raise SettingsError(f"{source}: {exc}") from None
+        raise SettingsError(f"{source}={raw!r}: expected {exc}") from None
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning for each ``MAILSVC_*`` variable that is no setting (a typo, most likely),
+    naming the closest setting there is. (``MAILSVC_TEST_*`` are the test suite's.)"""
+    environ = os.environ if environ is None else environ
+    known = [setting.env_name for setting in SETTINGS]
+    warnings = []
+    for name in sorted(environ):
+        if (
+            name.startswith("MAILSVC_")
+            and name not in known
+            and not name.startswith("MAILSVC_TEST_")
+        ):
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            warnings.append(f"{name} is not a setting of mailsvc, and is ignored{hint}")
+    return warnings

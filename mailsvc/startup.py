@@ -41,4 +41,8 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(1)
 
 
-__all__ = ["SettingsError", "check_or_exit", "fail", "open_checked_store"]
+def warn(message: str) -> None:
+    print(f"mailsvc: warning: {' '.join(message.split())}", file=sys.stderr)
+
+
+__all__ = ["SettingsError", "check_or_exit", "fail", "open_checked_store", "warn"]

@@ -41,11 +41,7 @@ class Schemas:
     """Every schema in the ``mailsvc.schemas`` package, compiled, by file stem."""
 
     def __init__(self) -> None:
-        schemas = {
-            entry.name.removesuffix(".json"): json.loads(entry.read_text())
-            for entry in _schema_folder().iterdir()
-            if entry.name.endswith(".json")
-        }
+        schemas = load_schema_files()
         # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
         registry: Registry[Any] = Registry().with_resources(
             (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
@@ -134,6 +130,15 @@ class Problems:
         shown = [str(problem) for problem in self.found[:MAX_REPORTED]]
         more = len(self.found) - len(shown)
         raise ValidationFailed("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+
+
+def load_schema_files() -> dict[str, dict[str, Any]]:
+    """Every schema file, parsed, by its stem (``send_email``)."""
+    return {
+        entry.name.removesuffix(".json"): json.loads(entry.read_text())
+        for entry in sorted(_schema_folder().iterdir(), key=lambda entry: entry.name)
+        if entry.name.endswith(".json")
+    }
 
 
 def _schema_folder() -> Traversable:

@@ -9,6 +9,7 @@ is about SQLite itself is marked ``sqlite_only``.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -86,6 +87,70 @@ def apps_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for app in built:
         app.stop(timeout=5)
+
+
+class DocumentedAnswers:
+    """Holds every answer of the API to the OpenAPI document: its status must be documented for
+    its operation, and its body must match that status's schema."""
+
+    def __init__(self) -> None:
+        from mailsvc.openapi import build
+        from mailsvc.routes import URL_MAP
+
+        self.document = build(URL_MAP)
+        self._validators: dict[str, Any] = {}
+
+    def check(self, method: str, route: str, status: int, body: bytes, content_type: str) -> None:
+        operation = self.document["paths"].get(route, {}).get(method.lower())
+        if operation is None:  # no route (404, 405), or a test's own
+            schema_ref = "#/components/schemas/responses/$defs/error"
+        else:
+            answers = operation["responses"]
+            answer = answers.get(str(status), answers["default"] if status == 500 else None)
+            assert answer is not None, f"{method} {route} answered {status}, not documented"
+            content = answer["content"]
+            if "application/json" not in content:
+                assert content_type.startswith(tuple(content)), content_type
+                return
+            schema_ref = content["application/json"]["schema"]["$ref"]
+        assert content_type == "application/json", f"{method} {route}: {content_type}"
+        self._validator(schema_ref).validate(json.loads(body))
+
+    def _validator(self, ref: str) -> Any:
+        if ref not in self._validators:
+            from jsonschema import Draft202012Validator
+
+            schema = {"$ref": ref, "components": self.document["components"]}
+            self._validators[ref] = Draft202012Validator(schema)
+        return self._validators[ref]
+
+
+@pytest.fixture(scope="session")
+def documented_answers() -> DocumentedAnswers:
+    return DocumentedAnswers()
+
+
+@pytest.fixture(autouse=True)
+def answers_match_the_document(
+    monkeypatch: pytest.MonkeyPatch, documented_answers: DocumentedAnswers
+) -> None:
+    """Every answer any test gets from the app is checked against the OpenAPI document."""
+    from mailsvc import access
+
+    record = access.record
+
+    def checked(request: Any, response: Any, started: float, request_id: str) -> None:
+        route = request.environ.get(access.ROUTE, "")
+        documented_answers.check(
+            request.method,
+            route,
+            response.status_code,
+            response.get_data(),
+            response.mimetype,
+        )
+        record(request, response, started, request_id)
+
+    monkeypatch.setattr(access, "record", checked)
 
 
 @pytest.fixture(scope="session")

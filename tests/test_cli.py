@@ -44,13 +44,12 @@ def test_the_whole_operator_contract(cli):
         "account": account["id"],
         "credits": 15,
     }
-    key = cli("keys", "create", "--account", account["id"], "--scope", "sending")
-    assert set(key) == {"id", "key", "scope"} and key["scope"] == "sending"
+    key = cli("keys", "create", "--account", account["id"], "--scope", "sending", "--name", "web")
+    assert set(key) == {"id", "key", "scope", "name"} and key["scope"] == "sending"
+    assert key["name"] == "web"
     assert cli("keys", "create", "--account", account["id"])["scope"] == "full"
-    assert cli("domains", "add", "--account", account["id"], "--verified", "Acme.Example") == {
-        "domain": "acme.example",
-        "verified": True,
-    }
+    domain = cli("domains", "add", "--account", account["id"], "--verified", "Acme.Example")
+    assert domain["name"] == "acme.example" and domain["status"] == "verified"
     assert cli(
         "limits", "set", "--account", account["id"], "--group", "send", "--per-minute", "7"
     ) == {"account": account["id"], "group": "send", "perMinute": 7}
@@ -67,9 +66,13 @@ def test_the_whole_operator_contract(cli):
 
 def test_domain_added_without_verified_is_pending(cli):
     account = cli("accounts", "create", "--name", "Acme")
-    assert cli("domains", "add", "--account", account["id"], "pending.example") == {
-        "domain": "pending.example",
-        "verified": False,
+    domain = cli("domains", "add", "--account", account["id"], "pending.example")
+    assert domain["name"] == "pending.example" and domain["status"] == "pending"
+    assert {record["purpose"] for record in domain["records"]} == {
+        "ownership",
+        "dkim",
+        "spf",
+        "dmarc",
     }
 
 
@@ -108,3 +111,50 @@ def test_console_script_is_installed():
     script = Path(sys.executable).parent / "mailsvc"  # installed beside this interpreter
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "accounts" in result.stdout
+
+
+def test_version_usage_and_help_for_every_option():
+    from mailsvc import __version__
+    from mailsvc.cli import _parser
+
+    version = subprocess.run(
+        [sys.executable, "-m", "mailsvc", "--version"], capture_output=True, text=True
+    )
+    assert version.returncode == 0 and version.stdout.strip() == f"mailsvc {__version__}"
+    alone = subprocess.run([sys.executable, "-m", "mailsvc"], capture_output=True, text=True)
+    assert alone.returncode == 0 and alone.stdout.startswith("usage: mailsvc")
+    assert "accounts" in alone.stdout and "check" in alone.stdout
+    noun = subprocess.run(
+        [sys.executable, "-m", "mailsvc", "domains"], capture_output=True, text=True
+    )
+    assert noun.stdout.startswith("usage: mailsvc domains") and "verify" in noun.stdout
+
+    def walk(parser):
+        for action in parser._actions:
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                for sub in action.choices.values():
+                    yield from walk(sub)
+            elif action.dest not in ("help", "version"):
+                yield parser.prog, action
+
+    missing = [f"{prog} {action.dest}" for prog, action in walk(_parser()) if not action.help]
+    assert missing == []
+
+
+def test_accounts_are_listed_newest_first(cli):
+    first = cli("accounts", "create", "--name", "First")
+    second = cli("accounts", "create", "--name", "Second", "--credits", "3")
+    listed = cli("accounts", "list")["data"]
+    assert [a["id"] for a in listed][:2] == [second["id"], first["id"]]
+    assert listed[0]["credits"] == 3 and listed[0]["createdAt"].endswith("Z")
+
+
+def test_domains_add_prints_the_domain_as_the_api_does(cli):
+    account = cli("accounts", "create", "--name", "Acme")
+    key = cli("keys", "create", "--account", account["id"])
+    added = cli("domains", "add", "--account", account["id"], "acme.example")
+    app = create_app({"database": cli.database})
+    shown = Client(app).get(
+        f"/v1/domains/{added['id']}", headers={"Authorization": f"Bearer {key['key']}"}
+    )
+    assert shown.get_json() == added

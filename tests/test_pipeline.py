@@ -143,7 +143,13 @@ def test_a_write_refused_after_writing_leaves_no_row_but_keeps_its_token(config,
 
     app.url_map = Map(
         [rule.empty() for rule in URL_MAP.iter_rules()]
-        + [Rule("/v1/half", methods=["POST"], endpoint=Endpoint(half_done, OTHER, writes=True))]
+        + [
+            Rule(
+                "/v1/half",
+                methods=["POST"],
+                endpoint=Endpoint(half_done, "half", "deleted", OTHER, writes=True),
+            )
+        ]
     )
     client = Client(app)
     for key in (None, "with-a-key"):
@@ -196,7 +202,13 @@ def test_a_write_that_loses_the_last_token_to_a_race_is_429_and_leaves_nothing(c
 
     app.url_map = Map(
         [rule.empty() for rule in URL_MAP.iter_rules()]
-        + [Rule("/v1/race", methods=["POST"], endpoint=Endpoint(racer, OTHER, writes=True))]
+        + [
+            Rule(
+                "/v1/race",
+                methods=["POST"],
+                endpoint=Endpoint(racer, "race", "deleted", OTHER, writes=True),
+            )
+        ]
     )
     assert_error(Client(app).post("/v1/race", headers=tenant.headers), 429, "2 requests per minute")
     with app.store.read() as view:

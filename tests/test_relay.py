@@ -110,3 +110,30 @@ def test_bad_relay_url_is_refused_at_start_up(config, url):
     config["smtp_url"] = url
     with pytest.raises(SettingsError, match="MAILSVC_SMTP_URL"):
         create_app(config)
+
+
+def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
+    from .conftest import run_cli
+
+    sink = SmtpSink(tls=server_context(ca), credentials=("robot", "s3cret")).start()
+    try:
+        settings = {
+            "MAILSVC_DATABASE": str(tmp_path / "db.sqlite3"),
+            "MAILSVC_SMTP_CA_FILE": ca_file,
+        }
+        url = f"smtp://robot:s3cret@127.0.0.1:{sink.port}?starttls=1"
+        good = run_cli({**settings, "MAILSVC_SMTP_URL": url}, "check")
+        assert good.returncode == 0, good.stdout + good.stderr
+        found = __import__("json").loads(good.stdout)
+        relay = found["relay"]
+        assert relay["ok"] and relay["connect"].startswith("ok") and relay["ehlo"].startswith("250")
+        assert "starttls" in relay["ehlo"] and relay["starttls"].startswith("ok: TLS")
+        assert relay["auth"].startswith("235") and relay["url"].endswith("?starttls=1")
+        assert "s3cret" not in good.stdout  # the password is never shown
+        assert found["store"]["ok"] and found["store"]["backend"] == "sqlite"
+        wrong = url.replace("s3cret", "wrong")
+        bad = run_cli({**settings, "MAILSVC_SMTP_URL": wrong}, "check")
+        assert bad.returncode == 1
+        assert __import__("json").loads(bad.stdout)["relay"]["auth"].startswith("failed: 535")
+    finally:
+        sink.stop()

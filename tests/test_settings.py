@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_environment_then_mapping():
     [
         ({"MAILSVC_DELIVERY_THREADS": "zero"}, {}, "MAILSVC_DELIVERY_THREADS"),
         ({"MAILSVC_MAX_BODY_BYTES": "0"}, {}, "at least 1"),
-        ({}, {"sqlite_synchronous": "off"}, "sqlite_synchronous"),
+        ({}, {"sqlite_synchronous": "off"}, "MAILSVC_SQLITE_SYNCHRONOUS=.off.: expected FULL"),
         ({}, {"no_such_setting": 1}, "unknown setting"),
     ],
 )
@@ -61,3 +62,55 @@ def test_readme_documents_every_setting_with_its_default():
     for setting in SETTINGS:
         shown = f"`{setting.default}`" if setting.default != "" else "(none)"
         assert documented[setting.env_name] == shown, setting.name
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        (
+            "MAILSVC_WORKERS",
+            "abc",
+            "mailsvc: MAILSVC_WORKERS='abc': expected a whole number, at least 1",
+        ),
+        (
+            "MAILSVC_SMTP_URL",
+            "http://x",
+            "mailsvc: MAILSVC_SMTP_URL='http://x': expected smtp://[user:password@]host[:port]"
+            "[?starttls=1] or smtps://..., or nothing",
+        ),
+        ("MAILSVC_RETENTION_DAYS", "-1", "mailsvc: MAILSVC_RETENTION_DAYS='-1': expected a number"),
+        ("MAILSVC_LOG_FORMAT", "xml", "mailsvc: MAILSVC_LOG_FORMAT='xml': expected text or json"),
+    ],
+)
+def test_a_bad_setting_stops_the_server_with_one_line(tmp_path, variable, value, said):
+    import subprocess
+    import sys
+
+    from .servers import ROOT
+
+    started = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py", "-b", "127.0.0.1:0"],
+        cwd=ROOT,
+        env={**os.environ, "MAILSVC_DATABASE": str(tmp_path / "db.sqlite3"), variable: value},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert started.returncode != 0
+    assert started.stderr.strip().startswith(said), started.stderr
+    assert len(started.stderr.strip().splitlines()) == 1 and "Traceback" not in started.stderr
+
+
+def test_an_unknown_variable_is_a_warning_naming_the_closest_setting(tmp_path):
+    from .conftest import run_cli
+
+    result = run_cli(
+        {"MAILSVC_DATABASE": str(tmp_path / "db.sqlite3"), "MAILSVC_SMTP_HOST": "relay"},
+        "accounts",
+        "list",
+    )
+    assert result.returncode == 0
+    assert result.stderr.strip() == (
+        "mailsvc: warning: MAILSVC_SMTP_HOST is not a setting of mailsvc, and is ignored; "
+        "did you mean MAILSVC_SMTP_URL?"
+    )

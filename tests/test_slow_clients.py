@@ -4,6 +4,8 @@ gunicorn sees them (and answers its own errors in the service's JSON format)."""
 
 from __future__ import annotations
 
+import base64
+import os
 import shutil
 import socket
 import threading
@@ -117,14 +119,31 @@ def test_behind_nginx_slow_clients_never_reach_gunicorn(served_tenant, tmp_path)
 def test_nginx_answers_its_own_errors_in_the_json_format(served_tenant, tmp_path):
     path, _, _, headers = served_tenant
     with behind_nginx({"MAILSVC_DATABASE": path}, 1, tmp_path / "nginx") as (server, proxy):
-        big = email_body(text="x" * 2_000_000)
-        too_large = request(proxy.port, "POST", "/v1/emails", big, headers)
+        attached = email_body(
+            attachments=[
+                {"filename": "r.pdf", "content": base64.b64encode(os.urandom(3_000_000)).decode()}
+            ]
+        )
+        with_files = request(proxy.port, "POST", "/v1/emails", attached, headers)
+        over_send = email_body(text="x" * 17_000_000)
+        too_large_send = request(proxy.port, "POST", "/v1/emails", over_send, headers)
+        over = {"name": "t", "text": "x" * 2_000_000}
+        too_large = request(proxy.port, "POST", "/v1/templates", over, headers)
         from_mailsvc = request(proxy.port, "POST", "/v1/emails", {"from": 1}, headers)
         with socket.create_connection(("127.0.0.1", proxy.port)) as raw:
             raw.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             malformed = raw.recv(4096).decode()
         server.stop()
         down = request(proxy.port, "GET", "/v1/account", headers=headers)  # gunicorn is gone
+    assert with_files[0] == 200 and with_files[1]["status"] == "queued"  # 4 MB of base64
+    assert too_large_send == (
+        413,
+        {
+            "statusCode": 413,
+            "message": "body: larger than 16777216 bytes",
+            "error": "Request Entity Too Large",
+        },
+    )
     assert too_large == (
         413,
         {

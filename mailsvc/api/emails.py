@@ -33,7 +33,11 @@ def send_email(
     it if its sender domain is verified, and take its credit."""
     email = prepare(reads, principal, services, body)
     return Change(
-        _queue([email], "from"), accepted(email), wakes_delivery=True, wakes_webhooks=True
+        _queue([email], "from"),
+        accepted(email),
+        wakes_delivery=True,
+        wakes_webhooks=True,
+        accepted=(email.id,),
     )
 
 
@@ -58,7 +62,11 @@ def send_batch(
     problems.raise_if_any()
     answer = {"data": [accepted(email) for email in emails]}
     return Change(
-        _queue(emails, "[{index}].from"), answer, wakes_delivery=True, wakes_webhooks=True
+        _queue(emails, "[{index}].from"),
+        answer,
+        wakes_delivery=True,
+        wakes_webhooks=True,
+        accepted=tuple(email.id for email in emails),
     )
 
 

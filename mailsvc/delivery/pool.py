@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import statuses
+from .. import metrics, statuses
 from ..mail.dkim import SigningKey, sign_message
 from ..mail.message import build_message
 from ..mail.return_path import ReturnPath
@@ -32,7 +32,7 @@ from ..store import Attachment, EmailRecord, Recipient, Store, Suppression, Writ
 from ..webhooks.events import after_attempt
 from .leased import LeasedPool
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
-from .transport import RelayUrl, Reply, Transport, open_transport
+from .transport import RelayHealth, RelayUrl, Reply, Transport, open_transport
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -61,7 +61,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         store: Store,
         settings: Settings,
         clock: Callable[[], float],
-        transport_factory: Callable[[Settings], Transport] = open_transport,
+        transport_factory: Callable[[Settings, RelayHealth], Transport] = open_transport,
         return_path: Callable[[], ReturnPath | None] = lambda: None,
         on_events: Callable[[], None] = lambda: None,
     ) -> None:
@@ -85,6 +85,8 @@ class DeliveryPool(LeasedPool[Claimed]):
             settings.retry_lifetime_seconds,
         )
         self._rng = random.Random()
+        #: Whether this process reaches the relay, shared by its senders (logged on a change).
+        self.relay_health = RelayHealth(settings.smtp_url)
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
@@ -126,7 +128,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         return tx.renew_leases(self.owner, keys, until)
 
     def open_worker(self) -> Transport:
-        return self.transport_factory(self.settings)
+        return self.transport_factory(self.settings, self.relay_health)
 
     def close_worker(self, state: Any) -> None:
         state.close()
@@ -185,7 +187,25 @@ class DeliveryPool(LeasedPool[Claimed]):
 
         if not self.store.write(record):
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
-        elif events:
+            return
+        metrics.ATTEMPTS.labels(decision.status).inc()
+        log.info(
+            "email %s attempt %d: %s; %s",
+            email.id,
+            email.attempts,
+            ", ".join(f"{r.address} {r.status} {r.smtp_code or '-'}" for _, r in outcomes),
+            decision.status,
+            extra={
+                "email": email.id,
+                "attempt": email.attempts,
+                "status": decision.status,
+                "recipients": [
+                    {"address": r.address, "status": r.status, "smtpCode": r.smtp_code}
+                    for _, r in outcomes
+                ],
+            },
+        )
+        if events:
             self.on_events()
 
     def _send(

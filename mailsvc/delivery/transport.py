@@ -15,12 +15,13 @@ import re
 import smtplib
 import socket
 import ssl
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..settings import Settings, SettingsError
@@ -92,13 +93,37 @@ class RelayUrl:
         )
 
 
-def open_transport(settings: Settings) -> Transport:
+class RelayHealth:
+    """Whether a process reaches its relay: logged once when the relay cannot be reached
+    (however many messages then wait) and once when it can again, not per message."""
+
+    def __init__(self, relay: str) -> None:
+        self.relay = _without_password(relay)
+        self._failing_since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            if self._failing_since is not None:
+                return
+            self._failing_since = time.monotonic()
+        log.error("relay %s cannot be reached (%s); mail waits and is retried", self.relay, reason)
+
+    def reached(self) -> None:
+        with self._lock:
+            since, self._failing_since = self._failing_since, None
+        if since is not None:
+            log.warning("relay %s reached again after %.0f s", self.relay, time.monotonic() - since)
+
+
+def open_transport(settings: Settings, health: RelayHealth | None = None) -> Transport:
     """A new transport for one delivery thread, as the settings say."""
     if settings.smtp_url:
         return SmtpRelay(
             RelayUrl.parse(settings.smtp_url),
             settings.smtp_timeout_seconds,
             settings.smtp_ca_file or None,
+            health,
         )
     return MaildirOutbox(Path(settings.outbox))
 
@@ -106,10 +131,17 @@ def open_transport(settings: Settings) -> Transport:
 class SmtpRelay:
     """Sends through one relay over a connection kept open between messages."""
 
-    def __init__(self, url: RelayUrl, timeout: float, ca_file: str | None = None) -> None:
+    def __init__(
+        self,
+        url: RelayUrl,
+        timeout: float,
+        ca_file: str | None = None,
+        health: RelayHealth | None = None,
+    ) -> None:
         self.url = url
         self.timeout = timeout
         self.ca_file = ca_file
+        self.health = health or RelayHealth(f"{url.host}:{url.port}")
         self._connection: smtplib.SMTP | None = None
         self._last_used = 0.0
 
@@ -137,7 +169,12 @@ class SmtpRelay:
         replies: list[Reply | None] = [None] * len(recipients)
         phase = "connecting"
         try:
-            connection = self._ready_connection()
+            try:
+                connection = self._ready_connection()
+            except (OSError, smtplib.SMTPException) as exc:
+                self.health.failed(_describe(exc))
+                raise
+            self.health.reached()
             utf8 = connection.has_extn("smtputf8")
             if not utf8 and not sender.isascii():
                 return [_NEEDS_SMTPUTF8] * len(recipients)
@@ -228,6 +265,48 @@ class SmtpRelay:
             self._connection = None
 
 
+def probe_relay(url: RelayUrl, timeout: float, ca_file: str | None = None) -> dict[str, Any]:
+    """Each step of a connection to the relay as delivery makes it (connect, EHLO, STARTTLS
+    and AUTH as configured), and what came of it; sends no mail."""
+    steps: dict[str, Any] = {}
+    tls = url.implicit_tls or url.starttls
+    context = ssl.create_default_context(cafile=ca_file) if tls else None
+    connection: smtplib.SMTP | None = None
+    step = "connect"
+    try:
+        if url.implicit_tls:
+            connection = smtplib.SMTP_SSL(url.host, url.port, timeout=timeout, context=context)
+        else:
+            connection = smtplib.SMTP(url.host, url.port, timeout=timeout)
+        steps["connect"] = f"ok: {url.host}:{url.port}" + (" (TLS)" if url.implicit_tls else "")
+        step = "ehlo"
+        code, text = connection.ehlo()
+        offered = ", ".join(sorted(connection.esmtp_features))
+        steps["ehlo"] = f"{code} {_text(text).splitlines()[0]}; offers {offered}"
+        if url.starttls:
+            step = "starttls"
+            code, text = connection.starttls(context=context)
+            connection.ehlo()
+            steps["starttls"] = f"ok: {connection.sock.version()}"  # type: ignore[union-attr]
+        if url.username:
+            step = "auth"
+            code, text = connection.login(url.username, url.password or "")
+            steps["auth"] = f"{code} {_text(text)}"
+        connection.quit()
+        steps["ok"] = True
+    except (OSError, smtplib.SMTPException) as exc:
+        reason = (
+            f"{exc.smtp_code} {_text(exc.smtp_error)}"
+            if isinstance(exc, smtplib.SMTPResponseException)
+            else _describe(exc)
+        )
+        steps[step] = f"failed: {reason}"
+        steps["ok"] = False
+        if connection is not None:
+            connection.close()
+    return steps
+
+
 class MaildirOutbox:
     """Delivers into a Maildir: the embedded default, so a fresh machine delivers somewhere.
 
@@ -296,3 +375,10 @@ def _describe(exc: BaseException) -> str:
         reason = str(exc).removeprefix("Connection unexpectedly closed").strip(": ")
         return "timed out" if "timed out" in reason else f"connection lost {reason}".strip()
     return f"{type(exc).__name__}: {exc}"
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)

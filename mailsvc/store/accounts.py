@@ -33,6 +33,14 @@ class AccountVerbs:
         ).fetchone()
         return Account(*row) if row else None
 
+    def list_accounts(self, limit: int) -> list[Account]:
+        rows = self.connection.execute(
+            "SELECT id, name, credits, created_at FROM accounts ORDER BY created_at DESC, id "
+            "LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [Account(*row) for row in rows]
+
     def add_credits(self, account_id: str, amount: int) -> int | None:
         row = self.connection.execute(
             f"UPDATE accounts SET credits = {self.dialect.greatest}(credits + ?, 0) WHERE id = ? "

@@ -73,6 +73,10 @@ class Reads(Protocol):
 
     def get_account(self, account_id: str) -> Account | None: ...
 
+    def list_accounts(self, limit: int) -> list[Account]:
+        """Accounts, newest first."""
+        ...
+
     def get_api_key(self, key_id: str) -> ApiKey | None:
         """The key, revoked or not. A revocation committed anywhere is seen by the next read."""
         ...
@@ -183,6 +187,13 @@ class Reads(Protocol):
         ...
 
     def get_service_secret(self, name: str) -> bytes | None: ...
+
+    # -- operating it ---------------------------------------------------------------------
+
+    def queue_depth(self, now: float) -> tuple[dict[str, int], float | None]:
+        """Emails not yet final, by status, and when the oldest due one fell due (by indexes
+        only: a scrape costs the same with a million emails stored)."""
+        ...
 
 
 class Writes(Reads, Protocol):
@@ -461,6 +472,28 @@ class Writes(Reads, Protocol):
     def disable_webhook(self, webhook_id: str, reason: str, now: float) -> None: ...
 
     def release_webhook_claims(self, owner: str, seqs: Sequence[int], now: float) -> int: ...
+
+    # -- operating it ---------------------------------------------------------------------
+
+    def probe(self, now: float) -> None:
+        """A small write, to show that the store takes writes."""
+        ...
+
+    def take_turn(self, name: str, owner: str, now: float, until: float) -> bool:
+        """Take the turn ``name`` until ``until`` unless another owner holds it, in one
+        statement: of processes and hosts asking at once, one gets it."""
+        ...
+
+    def purge_emails(self, created_before: float, limit: int) -> int:
+        """Delete up to ``limit`` final emails created before ``created_before``, with all
+        they hold; never a queued, deferred, scheduled or sending one."""
+        ...
+
+    def purge_leftovers(self, before: float, limit: int) -> int: ...
+
+    def reclaim_space(self, pages: int) -> int:
+        """Give up to ``pages`` freed pages back to the file system (SQLite); how many."""
+        ...
 
     # -- templates ------------------------------------------------------------------------
 

@@ -38,7 +38,11 @@ TABLES: tuple[str, ...] = (
     "webhook_attempts",
 )
 #: Tables not copied, and why.
-LEFT_BEHIND = {"rate_buckets": "a bucket refills within a minute"}
+LEFT_BEHIND = {
+    "rate_buckets": "a bucket refills within a minute",
+    "probes": "a readiness probe's last write",
+    "turns": "who purges old mail now: taken again at the next interval",
+}
 #: Tables whose ``seq`` is an identity column: its sequence goes on after the copied rows.
 _SEQUENCED = (
     "api_keys",

@@ -10,6 +10,7 @@ from .accounts import AccountVerbs
 from .domains import DomainVerbs
 from .idempotency import IdempotencyVerbs
 from .keys import KeyVerbs
+from .operations import OperationVerbs
 from .queue import QueueVerbs
 from .reports import ReportVerbs
 from .secrets import SecretVerbs
@@ -30,6 +31,7 @@ class SqlVerbs(
     TemplateVerbs,
     IdempotencyVerbs,
     SecretVerbs,
+    OperationVerbs,
 ):
     """The verbs of :class:`~mailsvc.store.contract.Writes` (and so of ``Reads``), in SQL."""
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import metrics
 from ..delivery.leased import LeasedPool
 from ..errors import ValidationFailed
 from ..mail.dns import DnsChecker
@@ -138,6 +139,7 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
                 tx.hold_endpoint(webhook.id, now + hold)
 
         self.store.write(record)
+        metrics.WEBHOOKS.labels({PENDING: "retried"}.get(step.status, step.status)).inc()
         if answer.error is not None or answer.status is None or answer.status >= 300:
             log.info(
                 "webhook %s: delivery %s attempt %d failed: %s",

@@ -30,6 +30,7 @@ from psycopg import errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from ... import metrics
 from ..contract import Reads, StoreUnavailable, Writes, each_read
 from ..sql import Contended, Dialect, migration_scripts
 from ..verbs import SqlVerbs
@@ -167,7 +168,10 @@ class PostgresStore:
         # A write that need not wait for the disk says so along with BEGIN.
         begin = ("BEGIN",) if durable else ("BEGIN", "SET LOCAL synchronous_commit = off")
         for attempt in range(_RETRIES + 1):
+            waiting = time.perf_counter()
             with self._connections().connection() as connection:
+                metrics.WRITE_WAIT.observe(time.perf_counter() - waiting)
+                metrics.WRITE_BATCH.observe(1)
                 try:
                     opened = _Connection(connection, begin)
                     verbs = SqlVerbs(opened, DIALECT)

@@ -39,6 +39,8 @@ _UNIQUE_FAILED = "UNIQUE constraint failed: "
 _CHECK_FAILED = "CHECK constraint failed: "
 #: Idle read connections kept open per process.
 _IDLE_READERS = 8
+#: ``PRAGMA auto_vacuum``: freed pages wait for ``PRAGMA incremental_vacuum``.
+_INCREMENTAL = 2
 
 
 def _violation(prefix: str) -> Callable[[BaseException], str | None]:
@@ -201,6 +203,8 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
             version = connection.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:  # a new file: pages freed by the purge go back to the disk
+                connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
             for number, script in enumerate(scripts, start=1):
                 if number > version:
                     # executescript() commits first; the flock keeps other processes out.
@@ -208,6 +212,11 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
                         f"BEGIN IMMEDIATE;\n{script.read_text()}\n"
                         f"PRAGMA user_version = {number};\nCOMMIT;"
                     )
+            if connection.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+                # A file made before retention existed: once, rewritten whole (it takes a
+                # while for a large file, and room for a copy of it).
+                connection.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                connection.execute("VACUUM")
         finally:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Generic, TypeVar
 
+from ... import metrics
 from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
@@ -25,11 +27,12 @@ MAX_BATCH = 64
 
 
 class _Job(Generic[Result]):
-    __slots__ = ("work", "durable", "done", "result", "error")
+    __slots__ = ("work", "durable", "done", "result", "error", "queued_at")
 
     def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
+        self.queued_at = time.perf_counter()
         self.done = threading.Event()
         self.result: Result | None = None
         self.error: BaseException | None = None
@@ -111,6 +114,10 @@ class Writer:
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:
             with self._transaction(any(job.durable for job in jobs)) as tx:
+                began = time.perf_counter()
+                for job in jobs:  # each waited for the writer, then the file lock
+                    metrics.WRITE_WAIT.observe(began - job.queued_at)
+                metrics.WRITE_BATCH.observe(len(jobs))
                 for job in jobs:
                     try:
                         with tx.savepoint():

@@ -1,0 +1,58 @@
+"""Where the server's lines go, and how they read: ``MAILSVC_LOG_FORMAT`` ``text`` or ``json``,
+on standard error, at INFO.
+
+The lines: one per request (``mailsvc.access``), one per delivery attempt
+(``mailsvc.delivery``), one when the relay cannot be reached and one when it can again, and
+warnings and errors with their tracebacks. In ``json``, each line is an object with ``time``,
+``level``, ``logger``, ``message`` and the line's own fields (``method``, ``status``,
+``request_id``, ``email``, ...). An app embedded in another leaves logging to its host: only
+``gunicorn.conf.py`` (and the CLI) call :func:`configure`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+#: Attributes every log record has; the rest are a line's own fields.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+def _time(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_time(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": _time(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update((name, value) for name, value in vars(record).items() if name not in _STANDARD)
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def configure(log_format: str) -> None:
+    """Send the ``mailsvc`` loggers' lines to standard error, in this format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logger = logging.getLogger("mailsvc")
+    logger.handlers = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False

@@ -1,0 +1,95 @@
+"""Prometheus metrics: what each process counts, and what the store says when scraped.
+
+Counters and histograms are ``prometheus_client``'s, in its multiprocess mode under gunicorn
+(``PROMETHEUS_MULTIPROC_DIR``, which ``gunicorn.conf.py`` sets before anything imports this), so a
+scrape that one worker answers counts every worker. The queue's depth by status and the age of
+its oldest due email are read from the store at each scrape (the store is shared; a gauge kept in
+a process would be one process's view).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+if TYPE_CHECKING:
+    from .store import Store
+
+REQUESTS = Counter(
+    "mailsvc_http_requests",
+    "HTTP requests answered, by route and status",
+    ["method", "route", "status"],
+)
+LATENCY = Histogram(
+    "mailsvc_http_request_duration_seconds",
+    "Time to answer a request, by route",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+ACCEPTED = Counter("mailsvc_emails_accepted", "Emails accepted (each email of a batch counts)")
+ATTEMPTS = Counter(
+    "mailsvc_delivery_attempts",
+    "Delivery attempts, by the status they left the email in",
+    ["outcome"],
+)
+WEBHOOKS = Counter(
+    "mailsvc_webhook_deliveries",
+    "Webhook requests, by outcome: succeeded, retried (failed, tried again later) or failed",
+    ["outcome"],
+)
+WRITE_WAIT = Histogram(
+    "mailsvc_store_write_wait_seconds",
+    "Time a write waited for the store's write lock (SQLite: its writer and the file lock; "
+    "PostgreSQL: a connection of the pool)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+)
+WRITE_BATCH = Histogram(
+    "mailsvc_store_write_batch_jobs",
+    "Jobs committed in one transaction (SQLite's writer commits many at once)",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
+
+
+class _Scrape:
+    """What one scrape reports: the counters (of every process) and the store's gauges."""
+
+    def __init__(self, store: Store, now: float) -> None:
+        self.store = store
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            counted = CollectorRegistry()
+            MultiProcessCollector(counted)
+            yield from counted.collect()
+        else:
+            yield from REGISTRY.collect()
+        depth, oldest_due = self.store.reads.queue_depth(self.now)
+        queue = GaugeMetricFamily(
+            "mailsvc_queue_emails", "Emails not yet final, by status", labels=["status"]
+        )
+        for status in ("scheduled", "queued", "sending", "deferred"):
+            queue.add_metric([status], depth.get(status, 0))
+        yield queue
+        yield GaugeMetricFamily(
+            "mailsvc_queue_oldest_due_age_seconds",
+            "How long the oldest email that is due (queued or deferred) has waited",
+            value=max(0.0, self.now - oldest_due) if oldest_due is not None else 0.0,
+        )
+
+
+def exposition(store: Store, now: float) -> tuple[bytes, str]:
+    """The text a scrape gets, and its content type."""
+    return generate_latest(_Scrape(store, now)), CONTENT_TYPE_LATEST  # type: ignore[arg-type]
