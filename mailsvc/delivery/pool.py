@@ -98,8 +98,8 @@ class DeliveryPool(LeasedPool[Claimed]):
 
     def _listen_loop(self, stopped: threading.Event) -> None:
         """Wake the claimer as soon as any process or host announces new mail."""
-        while not stopped.is_set():
-            if self.store.wait_for_mail(self.settings.poll_seconds):
+        while not stopped.is_set():  # in short waits, so that a stop is not held up
+            if self.store.wait_for_mail(min(self.settings.poll_seconds, 1.0)):
                 super().wake()
 
     # -- leased work -------------------------------------------------------------------------
