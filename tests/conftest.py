@@ -30,6 +30,7 @@ from mailsvc.app import MailService
 from mailsvc.store import Store, open_store
 
 from .smtp_sink import SmtpSink
+from .webhook_receiver import Receiver
 
 VERIFIED = "verified.test"
 POSTGRES_URL = os.environ.get(
@@ -322,6 +323,14 @@ def run_cli(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[
 @pytest.fixture
 def sink() -> Iterator[SmtpSink]:
     server = SmtpSink().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook endpoint on loopback (plain HTTP)."""
+    server = Receiver().start()
     yield server
     server.stop()
 

@@ -5,18 +5,19 @@ once however often a report comes."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import dkim
 import pytest
+from standardwebhooks import Webhook
 from werkzeug.test import Client
 
-from mailsvc import create_app
+from mailsvc import create_app, operator
 
 from .conftest import VERIFIED, email_body, make_tenant
 from .test_delivery import wait_status
 from .test_dkim import published
-from .webhook_receiver import Receiver
 
 BOUNCES = "bounces.example.com"
 
@@ -118,17 +119,10 @@ def inbound(database: str, message: bytes, *args: str, **settings: str):
     return subprocess.run(
         [sys.executable, "-m", "mailsvc", "inbound", *args],
         input=message,
-        env={**__import__("os").environ, **environ},
+        env={**os.environ, **environ},
         capture_output=True,
         timeout=60,
     )
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -172,7 +166,7 @@ def test_each_recipient_gets_an_envelope_sender_that_names_it(verped, sink):
         assert sender.startswith(f"b+{body}-{position}-") and sender.endswith(f"@{BOUNCES}")
         assert len(sender.split("@")[0]) <= 64
     assert first.data == second.data  # one message, built and signed once
-    record = __import__("mailsvc.operator", fromlist=["x"]).show_domain(app.store, VERIFIED)
+    record = operator.show_domain(app.store, VERIFIED)
     assert dkim.verify(first.data, dnsfunc=published(record["dkim"]))
     assert first.message["To"] == "alice@example.org, bob@example.org"
 
@@ -207,9 +201,7 @@ def test_a_bounce_report_marks_the_recipient_suppresses_it_and_is_posted(
         ("alice@example.org", "bounced", email_id)
     ]
     [posted] = receiver.wait_for(1)
-    payload = (
-        __import__("standardwebhooks").Webhook(hook["secret"]).verify(posted.body, posted.headers)
-    )
+    payload = Webhook(hook["secret"]).verify(posted.body, posted.headers)
     assert payload["type"] == "email.bounced" and payload["data"]["emailId"] == email_id
     assert payload["data"]["bounce"]["status"] == "5.1.1"
     assert payload["data"]["bounce"]["recipient"] == "alice@example.org"

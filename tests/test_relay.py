@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 
 import pytest
@@ -124,7 +125,7 @@ def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
         url = f"smtp://robot:s3cret@127.0.0.1:{sink.port}?starttls=1"
         good = run_cli({**settings, "MAILSVC_SMTP_URL": url}, "check")
         assert good.returncode == 0, good.stdout + good.stderr
-        found = __import__("json").loads(good.stdout)
+        found = json.loads(good.stdout)
         relay = found["relay"]
         assert relay["ok"] and relay["connect"].startswith("ok") and relay["ehlo"].startswith("250")
         assert "starttls" in relay["ehlo"] and relay["starttls"].startswith("ok: TLS")
@@ -134,6 +135,6 @@ def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
         wrong = url.replace("s3cret", "wrong")
         bad = run_cli({**settings, "MAILSVC_SMTP_URL": wrong}, "check")
         assert bad.returncode == 1
-        assert __import__("json").loads(bad.stdout)["relay"]["auth"].startswith("failed: 535")
+        assert json.loads(bad.stdout)["relay"]["auth"].startswith("failed: 535")
     finally:
         sink.stop()

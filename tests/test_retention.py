@@ -17,14 +17,6 @@ from mailsvc.timestamps import iso_time
 
 from .conftest import count_by_status, email_body, make_tenant
 from .test_delivery import wait_status
-from .webhook_receiver import Receiver
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver().start()
-    yield server
-    server.stop()
 
 
 def test_old_final_mail_is_purged_with_everything_it_holds_and_nothing_else(

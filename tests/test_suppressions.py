@@ -10,6 +10,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
+from mailsvc.timestamps import iso_time
 
 from .conftest import assert_error, email_body, make_tenant, run_cli
 from .test_delivery import wait_status
@@ -123,7 +124,7 @@ def test_an_address_suppressed_after_acceptance_is_left_out_and_its_credit_given
     config["smtp_url"] = sink.url
     app = create_app(config, clock=clock)
     tenant, client = make_tenant(app), Client(app)
-    later = __import__("mailsvc.timestamps", fromlist=["x"]).iso_time(clock() + 60)
+    later = iso_time(clock() + 60)
     email_id = client.post(
         "/v1/emails",
         json=email_body(to=["alice@example.org", "bob@example.org"], scheduledAt=later),

@@ -4,6 +4,7 @@ never in the way of mail or the API."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from typing import Any
 
@@ -19,13 +20,6 @@ from .test_delivery import wait_status
 from .webhook_receiver import Answer, Receiver
 
 ALL = ["email.sent", "email.deferred", "email.failed", "email.scheduled", "email.canceled"]
-
-
-@pytest.fixture
-def receiver():
-    server = Receiver().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -499,7 +493,7 @@ def test_https_endpoints_are_checked_against_their_certificate(config, clock, tm
 
     authority = trustme.CA()
     certificate = authority.issue_cert("localhost")
-    server_context = __import__("ssl").create_default_context(__import__("ssl").Purpose.CLIENT_AUTH)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     certificate.configure_cert(server_context)
     ca_file = tmp_path / "ca.pem"
     authority.cert_pem.write_to_path(str(ca_file))

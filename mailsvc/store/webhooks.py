@@ -24,6 +24,11 @@ _WEBHOOK = (
     "id, account_id, url, status, disabled_reason, secret, previous_secret, previous_until, "
     "created_at, updated_at, failing_since, failures, seq"
 )
+#: An insert of deliveries; its SELECT gives the values.
+_NEW_DELIVERIES = (
+    "INSERT INTO webhook_deliveries (event_id, webhook_id, account_id, email_seq, type, "
+    "payload, created_at, status, due_at) "
+)
 _DELIVERY = (
     "seq, event_id, webhook_id, account_id, email_seq, type, payload, created_at, status, "
     "attempts, due_at"
@@ -177,11 +182,9 @@ class WebhookVerbs:
         type, due at once; statements whose result is not read."""
         for event in events:
             self.run(
-                "INSERT INTO webhook_deliveries (event_id, webhook_id, account_id, email_seq, "
-                "type, payload, created_at, status, due_at) "
-                "SELECT ?, s.webhook_id, ?, ?, ?, ?, ?, ?, ? FROM webhook_subscriptions s "
-                "WHERE s.account_id = ? AND s.event_type = ? AND EXISTS (SELECT 1 FROM webhooks w "
-                "WHERE w.id = s.webhook_id AND w.status = ?)",
+                f"{_NEW_DELIVERIES}SELECT ?, s.webhook_id, ?, ?, ?, ?, ?, ?, ? "
+                "FROM webhook_subscriptions s WHERE s.account_id = ? AND s.event_type = ? "
+                "AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = s.webhook_id AND w.status = ?)",
                 (
                     event.id,
                     account_id,
@@ -203,9 +206,8 @@ class WebhookVerbs:
         """A delivery of ``event`` to this endpoint alone, whatever it wants; False if it is not
         the account's or not enabled."""
         row = self.connection.execute(
-            "INSERT INTO webhook_deliveries (event_id, webhook_id, account_id, email_seq, type, "
-            "payload, created_at, status, due_at) SELECT ?, id, account_id, NULL, ?, ?, ?, ?, ? "
-            "FROM webhooks WHERE account_id = ? AND id = ? AND status = ? RETURNING seq",
+            f"{_NEW_DELIVERIES}SELECT ?, id, account_id, NULL, ?, ?, ?, ?, ? FROM webhooks "
+            "WHERE account_id = ? AND id = ? AND status = ? RETURNING seq",
             (
                 event.id,
                 event.type,
