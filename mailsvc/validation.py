@@ -18,6 +18,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+import fastjsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
@@ -38,10 +39,21 @@ _TYPE_NAMES = {
 
 
 class Schemas:
-    """Every schema in the ``mailsvc.schemas`` package, compiled, by file stem."""
+    """Every schema in the ``mailsvc.schemas`` package, compiled, by file stem.
+
+    Each is compiled twice: by ``fastjsonschema`` into Python code, which says quickly whether
+    a document is valid (what nearly every request is), and by ``jsonschema``, whose errors
+    name the field and the rule, for the documents that are not. (The test suite holds the two
+    to the same verdict.)
+    """
 
     def __init__(self) -> None:
         schemas = load_schema_files()
+        self._quick = {
+            name: fastjsonschema.compile(schema, handlers={"": _file_of(schemas)})
+            for name, schema in schemas.items()
+            if name != "responses"
+        }
         # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
         registry: Registry[Any] = Registry().with_resources(
             (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
@@ -56,6 +68,13 @@ class Schemas:
     def problems(self, name: str, instance: Any) -> Problems:
         """What is wrong with ``instance`` by schema ``name``, most shallow first."""
         problems = Problems()
+        quick = self._quick.get(name)
+        if quick is not None:
+            try:
+                quick(instance)
+                return problems
+            except fastjsonschema.JsonSchemaException:
+                pass  # jsonschema says what is wrong, in words
         for error in _ordered(list(self._validators[name].iter_errors(instance))):
             for problem in describe(error):
                 problems.add_problem(problem)
@@ -130,6 +149,11 @@ class Problems:
         shown = [str(problem) for problem in self.found[:MAX_REPORTED]]
         more = len(self.found) - len(shown)
         raise ValidationFailed("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+
+
+def _file_of(schemas: dict[str, dict[str, Any]]) -> Any:
+    """How fastjsonschema finds another file a schema refers to (``page_query.json#...``)."""
+    return lambda uri: schemas[uri.split("#")[0].removesuffix(".json")]
 
 
 def load_schema_files() -> dict[str, dict[str, Any]]:

@@ -1,0 +1,114 @@
+"""The request schemas are compiled twice (fastjsonschema says quickly whether a document is
+valid; jsonschema words what is wrong): the two must give every document the same verdict, or
+a body one refuses would slip through the other."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import fastjsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mailsvc.validation import Schemas, load_schema_files
+
+from .conftest import email_body
+
+SCHEMAS = Schemas()
+QUICK = SCHEMAS._quick  # noqa: SLF001 (the verdicts under test)
+
+#: A valid document of each request schema, to mutate.
+VALID: dict[str, Any] = {
+    "send_email": email_body(
+        cc=["Carol <carol@example.org>"],
+        replyTo="help@example.org",
+        headers={"X-Order": "42"},
+        tags=[{"name": "kind", "value": "receipt"}],
+        attachments=[
+            {"filename": "a.pdf", "content": "JVBERg==", "contentType": "application/pdf"},
+            {"filename": "i.png", "content": "iVBORw==", "contentId": "logo$1@x"},
+        ],
+        scheduledAt="2026-12-01T09:00:00Z",
+        variables={"n": [1, {"a": None}]},
+    ),
+    "send_batch": [email_body(), email_body(to=["a@example.org", "b@example.org"])],
+    "template": {"name": "t", "subject": "Hi {{ n }}", "html": "<p>x</p>", "text": "x"},
+    "render_template": {"variables": {"n": 1}},
+    "reschedule": {"scheduledAt": "2026-12-01T09:00:00Z"},
+    "new_domain": {"name": "acme.example"},
+    "new_api_key": {"name": "web", "scope": "sending", "domain": "acme.example"},
+    "new_suppression": {"address": "a@example.org", "reason": "manual"},
+    "new_webhook": {"url": "https://h.example/x", "events": ["email.sent", "email.failed"]},
+    "webhook_update": {"status": "disabled"},
+    "page_query": {"limit": "20", "cursor": "abc"},
+    "list_emails": {"limit": "5", "status": "sent", "tag": "k:v", "to": "a@example.org"},
+    "list_suppressions": {"reason": "bounced", "limit": "100"},
+}
+
+EDGES = st.sampled_from(
+    ["", "a", "a@b.co", "x\r\ny", "\x00", "$", "a$b", "10", "0", "101", "sent", "k:v", "A" * 300,
+     "logo$1@x", "application/pdf", "text/x$y", "email.sent", "manual", "enabled"]
+)  # fmt: skip
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats(allow_nan=False)
+    | st.text(max_size=12) | EDGES,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8) | EDGES, inner, max_size=4),
+    max_leaves=8,
+)  # fmt: skip
+
+
+def test_every_request_schema_has_a_quick_validator_and_an_example():
+    requests = set(load_schema_files()) - {"responses"}
+    assert set(QUICK) == requests == set(VALID)
+
+
+@st.composite
+def mutated(draw: Any, document: Any) -> Any:
+    """The document with a few of its values replaced, removed or added, at any depth."""
+    document = copy.deepcopy(document)
+    for _ in range(draw(st.integers(1, 3))):
+        node = document
+        while isinstance(node, (dict, list)) and node and draw(st.booleans()):
+            key = draw(
+                st.sampled_from(sorted(node) if isinstance(node, dict) else range(len(node)))
+            )
+            if not isinstance(node[key], (dict, list)):
+                break
+            node = node[key]
+        if isinstance(node, dict):
+            keys = sorted(node) + [draw(st.text(max_size=6) | EDGES)]
+            key = draw(st.sampled_from(keys))
+            if key in node and draw(st.booleans()):
+                del node[key]
+            else:
+                node[key] = draw(JSON)
+        elif isinstance(node, list) and node:
+            node[draw(st.integers(0, len(node) - 1))] = draw(JSON)
+    return document
+
+
+def verdicts(name: str, document: Any) -> tuple[bool, bool]:
+    try:
+        QUICK[name](document)
+        quick = True
+    except fastjsonschema.JsonSchemaException:
+        quick = False
+    worded = not list(SCHEMAS._validators[name].iter_errors(document))  # noqa: SLF001
+    return quick, worded
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_the_examples_are_valid(name):
+    assert verdicts(name, VALID[name]) == (True, True)
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_both_validators_give_the_same_verdict(name, data):
+    document = data.draw(st.one_of(mutated(VALID[name]), JSON))
+    quick, worded = verdicts(name, document)
+    assert quick == worded, (name, document)
