@@ -49,9 +49,10 @@ class Schemas:
 
     def __init__(self) -> None:
         schemas = load_schema_files()
+        drafted = {name: _as_draft7(schema) for name, schema in schemas.items()}
         self._quick = {
-            name: fastjsonschema.compile(schema, handlers={"": _file_of(schemas)})
-            for name, schema in schemas.items()
+            name: fastjsonschema.compile(schema, handlers={"": _file_of(drafted)})
+            for name, schema in drafted.items()
             if name != "responses"
         }
         # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
@@ -149,6 +150,21 @@ class Problems:
         shown = [str(problem) for problem in self.found[:MAX_REPORTED]]
         more = len(self.found) - len(shown)
         raise ValidationFailed("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+
+
+def _as_draft7(schema: Any) -> Any:
+    """The schema as fastjsonschema reads it (draft 7, where keywords beside a ``$ref`` are
+    ignored): each ``$ref`` with siblings becomes ``allOf`` of the reference and the siblings,
+    which is what 2020-12 means by them."""
+    if isinstance(schema, list):
+        return [_as_draft7(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rewritten = {key: _as_draft7(value) for key, value in schema.items()}
+    siblings = {k: v for k, v in rewritten.items() if k != "$ref" and not k.startswith(("x-", "$"))}
+    if "$ref" in rewritten and siblings:
+        return {"allOf": [{"$ref": rewritten["$ref"]}, siblings]}
+    return rewritten
 
 
 def _file_of(schemas: dict[str, dict[str, Any]]) -> Any:

@@ -51,10 +51,13 @@ EDGES = st.sampled_from(
     ["", "a", "a@b.co", "x\r\ny", "\x00", "$", "a$b", "10", "0", "101", "sent", "k:v", "A" * 300,
      "logo$1@x", "application/pdf", "text/x$y", "email.sent", "manual", "enabled"]
 )  # fmt: skip
+#: Strings most string rules accept (an address, a name, a word).
+FINE = st.sampled_from(["a@b.co", "Bo <b@c.de>", "x@y.zz", "k:v", "sent"])
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats(allow_nan=False)
     | st.text(max_size=12) | EDGES,
     lambda inner: st.lists(inner, max_size=4)
+    | st.lists(FINE, min_size=9, max_size=12)  # over an array's limit, and nothing else wrong
     | st.dictionaries(st.text(max_size=8) | EDGES, inner, max_size=4),
     max_leaves=8,
 )  # fmt: skip
@@ -112,3 +115,29 @@ def test_both_validators_give_the_same_verdict(name, data):
     document = data.draw(st.one_of(mutated(VALID[name]), JSON))
     quick, worded = verdicts(name, document)
     assert quick == worded, (name, document)
+
+
+def over(limit: int, item: Any) -> list[Any]:
+    return [item] * (limit + 1)
+
+
+#: Documents over one limit each, and wrong in nothing else: both validators must refuse them.
+#: (Several limits stand beside a $ref, which fastjsonschema's draft 7 would ignore.)
+OVER_A_LIMIT = [
+    ("send_email", email_body(replyTo=over(10, "a@b.co"))),
+    ("send_email", email_body(to=[f"r{n}@example.org" for n in range(51)])),
+    ("send_email", email_body(subject="s" * 256)),
+    ("send_email", email_body(tags=over(50, {"name": "k", "value": "v"}))),
+    ("send_email", email_body(headers={f"X-H{n}": "v" for n in range(51)})),
+    ("send_email", email_body(headers={"X-Long": "v" * 2001})),
+    ("send_email", email_body(attachments=over(100, {"filename": "a", "content": "QQ=="}))),
+    ("send_email", email_body(attachments=[{"filename": "f" * 256, "content": "QQ=="}])),
+    ("send_batch", over(100, email_body())),
+    ("new_webhook", {"url": "https://h.example/x", "events": over(8, "email.sent")}),
+    ("template", {"name": "n" * 256, "text": "x"}),
+]
+
+
+@pytest.mark.parametrize(("name", "document"), OVER_A_LIMIT)
+def test_a_document_over_a_limit_is_refused_by_both(name, document):
+    assert verdicts(name, document) == (False, False)
