@@ -39,11 +39,15 @@ log = logging.getLogger("mailsvc.delivery")
 
 @dataclass(frozen=True)
 class Claimed:
-    """An email this process holds a lease on, with what sending it needs."""
+    """An email this process holds a lease on, with what sending it needs, all read in the
+    claim's job: the DKIM key, the files, the recipients its account suppresses now, and the
+    webhook events its account wants."""
 
     email: EmailRecord
     signing_key: SigningKey | None
     attachments: list[Attachment]
+    suppressed: dict[str, Suppression]
+    wanted: frozenset[str]
 
 
 class DeliveryPool(LeasedPool[Claimed]):
@@ -110,12 +114,29 @@ class DeliveryPool(LeasedPool[Claimed]):
         keys: dict[tuple[str, str], SigningKey | None] = {}
         with_files = [email.seq for email in emails if email.attachments]
         files = tx.attachment_contents(with_files) if with_files else {}
+        subscribed = tx.subscribed_events(sorted({email.account_id for email in emails}))
+        pending: dict[str, set[str]] = {}
+        for email in emails:
+            addresses = (r.address for r in email.recipients if r.status not in statuses.FINAL)
+            pending.setdefault(email.account_id, set()).update(addresses)
+        suppressed = {
+            account: tx.suppressed(account, sorted(addresses))
+            for account, addresses in pending.items()
+        }
         batch = []
         for email in emails:
             place = (email.account_id, _domain_of(email.sender_address))
             if place not in keys:
                 keys[place] = tx.signing_key(*place)
-            batch.append(Claimed(email, keys[place], files.get(email.seq, [])))
+            batch.append(
+                Claimed(
+                    email,
+                    keys[place],
+                    files.get(email.seq, []),
+                    suppressed[email.account_id],
+                    subscribed[email.account_id],
+                )
+            )
         return batch, next_due
 
     def key(self, item: Claimed) -> int:
@@ -145,9 +166,7 @@ class DeliveryPool(LeasedPool[Claimed]):
             for position, recipient in enumerate(email.recipients)
             if recipient.status not in statuses.FINAL
         ]
-        suppressions = self.store.reads.suppressed(
-            email.account_id, [recipient.address for _, recipient in pending]
-        )
+        suppressions = claimed.suppressed
         left_out = [(p, r) for p, r in pending if r.address in suppressions]
         to_send = [(p, r) for p, r in pending if r.address not in suppressions]
         replies = self._send(claimed, transport, to_send) if to_send else []
@@ -159,7 +178,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         now = self.clock()
         decision = decide(email, outcomes, now, self.policy, self._rng)
         refunded = _price(email) * len(left_out)
-        events = after_attempt(email, decision, now, email.attempts)
+        events = after_attempt(email, decision, now, email.attempts, claimed.wanted)
         hard_bounces = [
             (r.address, f"{r.smtp_code} {r.reply}")
             for _, r in outcomes
@@ -182,7 +201,8 @@ class DeliveryPool(LeasedPool[Claimed]):
                     tx.add_suppression(
                         email.account_id, address, statuses.BOUNCED, email.id, detail, now
                     )
-                tx.add_webhook_events(email.account_id, email.seq, events, now)
+                if events:
+                    tx.add_webhook_events(email.account_id, email.seq, events, now)
             return kept
 
         if not self.store.write(record):

@@ -181,7 +181,9 @@ class SmtpRelay:
             # Declared only when an address needs it; then, and only then, headers are UTF-8.
             utf8 = utf8 and _needs_utf8(sender, recipients)
             phase = "MAIL FROM"
-            code, text = connection.mail(sender, ["SMTPUTF8"] if utf8 else [])
+            code, text = _command(
+                connection, f"MAIL FROM:<{sender}>" + (" SMTPUTF8" if utf8 else "")
+            )
             if code != 250:
                 connection.rset()
                 return [Reply(code, _text(text))] * len(recipients)
@@ -190,7 +192,7 @@ class SmtpRelay:
                 if not utf8 and not recipient.isascii():
                     replies[index] = _NEEDS_SMTPUTF8
                     continue
-                code, text = connection.rcpt(recipient)
+                code, text = _command(connection, f"RCPT TO:<{recipient}>")
                 replies[index] = Reply(code, _text(text))
             accepted = [i for i, reply in enumerate(replies) if reply and reply.code in (250, 251)]
             if not accepted:
@@ -203,7 +205,7 @@ class SmtpRelay:
                 failure = _not_built(exc)
                 return [failure if i in accepted else r for i, r in enumerate(replies) if r]
             phase = "DATA"
-            code, text = connection.data(message)
+            code, text = _data(connection, message)
             for index in accepted:
                 replies[index] = Reply(code, _text(text))
         except smtplib.SMTPResponseException as exc:
@@ -351,6 +353,34 @@ class MaildirOutbox:
 
     def close(self) -> None:
         pass
+
+
+def _command(connection: smtplib.SMTP, line: str) -> tuple[int, bytes]:
+    """One command and its reply. (smtplib's ``mail()`` and ``rcpt()`` parse each address
+    again with the email package; mailsvc's are checked and normalised already.)"""
+    connection.send(line.encode("utf-8") + b"\r\n")
+    return connection.getreply()
+
+
+def _data(connection: smtplib.SMTP, message: bytes) -> tuple[int, bytes]:
+    """DATA: the message, dot-stuffed, then the end of data; the relay's reply.
+
+    The message has CRLF line ends and no bare CR or LF (it is built so), so a dot that starts a
+    line follows a CRLF: one replace of bytes does what smtplib's regular expression over the
+    whole message does, in a tenth of the time.
+
+    :raises smtplib.SMTPDataError: the relay did not take the data (no 354).
+    """
+    code, reply = _command(connection, "DATA")
+    if code != 354:
+        raise smtplib.SMTPDataError(code, reply)
+    stuffed = message.replace(b"\r\n.", b"\r\n..")
+    if stuffed.startswith(b"."):
+        stuffed = b"." + stuffed
+    if not stuffed.endswith(b"\r\n"):
+        stuffed += b"\r\n"
+    connection.send(stuffed + b".\r\n")
+    return connection.getreply()
 
 
 def _needs_utf8(sender: str, recipients: Sequence[str]) -> bool:

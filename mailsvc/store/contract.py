@@ -162,6 +162,10 @@ class Reads(Protocol):
 
     def count_webhooks(self, account_id: str) -> int: ...
 
+    def subscribed_events(self, account_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        """The event types each account's enabled endpoints want (empty: none)."""
+        ...
+
     def list_webhook_deliveries(
         self, account_id: str, webhook_id: str, before_seq: int | None, limit: int
     ) -> list[WebhookDelivery]:

@@ -102,22 +102,30 @@ def event(type: str, at: float, data: dict[str, Any]) -> WebhookEvent:
 
 
 def after_attempt(
-    email: EmailRecord, decision: Decision, at: float, attempt: int
+    email: EmailRecord,
+    decision: Decision,
+    at: float,
+    attempt: int,
+    wanted: frozenset[str] = frozenset(TYPES),
 ) -> list[WebhookEvent]:
-    """The events of a delivery attempt: ``email.suppressed`` when it left recipients out (the
-    account suppressed them since the email was accepted), then the one its status calls for."""
+    """The events of a delivery attempt that the account's endpoints want (none is made, or
+    encoded, for nobody): ``email.suppressed`` when it left recipients out (the account
+    suppressed them since the email was accepted), then the one its status calls for."""
+    kind = _AFTER_ATTEMPT[decision.status]
+    if not wanted & {kind, SUPPRESSED}:
+        return []
     merged: list[Any] = list(email.recipients)
     for position, recipient in decision.recipients:
         merged[position] = recipient
     left_out = [r for _, r in decision.recipients if r.status == statuses.SUPPRESSED]
     events = []
-    if left_out:
+    if left_out and SUPPRESSED in wanted:
         events.append(email_event(SUPPRESSED, email, decision.status, at, merged))
-    extra: dict[str, Any] = {"attempt": attempt}
-    if decision.due_at is not None:
-        extra["nextAttemptAt"] = iso_time(decision.due_at)
-    kind = _AFTER_ATTEMPT[decision.status]
-    events.append(email_event(kind, email, decision.status, at, merged, **extra))
+    if kind in wanted:
+        extra: dict[str, Any] = {"attempt": attempt}
+        if decision.due_at is not None:
+            extra["nextAttemptAt"] = iso_time(decision.due_at)
+        events.append(email_event(kind, email, decision.status, at, merged, **extra))
     return events
 
 
