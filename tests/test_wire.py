@@ -106,3 +106,14 @@ def test_long_non_ascii_headers_fold_with_crlf(delivering, sink):
     assert received.message["Subject"] == subject
     assert received.message["From"].addresses[0].display_name == name
     assert len(received.message["To"].addresses) == 50
+
+
+def test_the_date_header_is_written_as_the_standard_library_writes_it():
+    import random
+    from datetime import UTC, datetime
+    from email.utils import format_datetime
+
+    from mailsvc.mail.message import rfc5322_date
+
+    for moment in [0.0, 951782400.0, 4102444799.0] + [random.uniform(0, 4e9) for _ in range(2000)]:
+        assert rfc5322_date(moment) == format_datetime(datetime.fromtimestamp(moment, UTC))

@@ -8,7 +8,7 @@ retry.
 Written out directly rather than through :class:`email.message.EmailMessage`, whose header
 machinery costs about a millisecond a message: more than signing it. The parts that need care
 still come from the standard library: RFC 2047 encoded words (:class:`email.header.Header`),
-quoted-printable (:func:`binascii.b2a_qp`), the date (:func:`email.utils.format_datetime`), and
+quoted-printable (:func:`binascii.b2a_qp`), and
 non-ASCII display names, folded by the standard library and cached. The wire-safety tests parse
 what this writes with the standard library's parser.
 """
@@ -19,13 +19,12 @@ import base64
 import binascii
 import re
 import secrets
+import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from email.header import Header
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP, SMTPUTF8
-from email.utils import format_datetime
 from functools import lru_cache
 from urllib.parse import quote
 
@@ -71,7 +70,7 @@ def build_message(
         headers.append(("Reply-To", ",\r\n ".join(reply_to)))
     headers += [
         ("Subject", _text_header(email.subject)),
-        ("Date", format_datetime(datetime.fromtimestamp(_dated(email), UTC))),
+        ("Date", rfc5322_date(_dated(email))),
         ("Message-ID", email.message_id),
         *((name, _custom_header(name, value)) for name, value in email.headers),
         ("MIME-Version", "1.0"),
@@ -90,6 +89,20 @@ def build_message(
         content = _multipart("mixed", [content, *(_file(a, inline=False) for a in attached)])
     head = "".join(f"{name}: {value}\r\n" for name, value in headers)
     return _head_bytes(head, utf8) + content
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def rfc5322_date(timestamp: float) -> str:
+    """``Sun, 22 Nov 2026 10:00:00 +0000``, as :func:`email.utils.format_datetime` writes a
+    UTC time, in a tenth of its time (English names whatever the locale)."""
+    t = time.gmtime(timestamp)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} +0000"
+    )
 
 
 def _dated(email: EmailRecord) -> float:
