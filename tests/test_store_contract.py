@@ -406,3 +406,23 @@ def test_events_of_one_email_go_to_an_endpoint_one_after_the_other(stores):
     store.write(lambda tx: tx.finish_webhook_delivery(claimed.seq, "a", attempt, "succeeded", None))
     [(then, _)] = store.write(lambda tx: tx.claim_webhook_deliveries("b", 102.0, 60.0, 5, 5))
     assert then.event_id == "msg_2"
+
+
+def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
+    store = stores[0]
+    owner = account(store)
+    sender_domain(store, owner)
+    many = tuple(NewRecipient(f"r{n}@example.org", "cc" if n % 2 else "to") for n in range(50))
+    batch = [
+        new_email(f"em_{n}", owner, "a@verified.test", recipients=many, tags=(("n", str(n)),))
+        for n in range(100)  # 5,000 recipients: more parameters than one statement may have
+    ] + [new_email("em_elsewhere", owner, "a@unverified.test")]
+    seqs = store.write(lambda tx: tx.enqueue_emails(batch))
+    assert seqs[-1] is None and all(isinstance(seq, int) for seq in seqs[:-1])
+    assert len(set(seqs[:-1])) == 100
+    assert store.reads.get_email(owner, "em_elsewhere") is None
+    found = store.reads.get_email(owner, "em_57")
+    assert found.seq == seqs[57] and [r.address for r in found.recipients] == [
+        r.address for r in many
+    ]
+    assert [r.kind for r in found.recipients][:2] == ["to", "cc"] and found.tags == (("n", "57"),)

@@ -48,16 +48,21 @@ def send_batch(
     taken at once."""
     emails = []
     problems = Problems()
+    # One read of the account's suppressions for every recipient of the batch.
+    everyone = sorted({r.address for request in body for r in request.recipients})
+    suppressions = reads.suppressed(principal.account_id, everyone)
     for index, request in enumerate(body):
         try:
             with problems.within(f"[{index}].").checking():
-                emails.append(prepare(reads, principal, services, request))
+                emails.append(prepare(reads, principal, services, request, suppressions))
         except Forbidden as exc:
             raise Forbidden(f"[{index}].{exc.message}") from None
     problems.raise_if_any()
+    domains = {email.sender_address.rpartition("@")[2] for email in emails}
+    verified = {d for d in domains if reads.is_domain_verified(principal.account_id, d)}
     for index, email in enumerate(emails):  # said for each item now; checked again in the job
         domain = email.sender_address.rpartition("@")[2]
-        if not reads.is_domain_verified(principal.account_id, domain):
+        if domain not in verified:
             problems.within(f"[{index}].").add("from", _unverified(domain))
     problems.raise_if_any()
     answer = {"data": [accepted(email) for email in emails]}
@@ -76,8 +81,8 @@ def _queue(emails: Sequence[NewEmail], field: str) -> Any:
     events = [webhook_events.at_acceptance(email) for email in emails]
 
     def queue(tx: Writes) -> None:
-        for index, email in enumerate(emails):
-            seq = tx.enqueue_email(email)
+        seqs = [tx.enqueue_email(emails[0])] if len(emails) == 1 else tx.enqueue_emails(emails)
+        for index, (email, seq) in enumerate(zip(emails, seqs, strict=True)):
             if seq is None:
                 domain = email.sender_address.rpartition("@")[2]
                 raise DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")

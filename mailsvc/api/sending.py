@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 from .. import statuses
@@ -24,7 +25,7 @@ from ..mail.headers import parse_headers
 from ..mail.rendering import render
 from ..services import Services
 from ..settings import Settings
-from ..store import Attachment, NewEmail, NewRecipient, Reads
+from ..store import Attachment, NewEmail, NewRecipient, Reads, Suppression
 from ..timestamps import parse_instant
 from ..validation import Problems
 
@@ -52,7 +53,7 @@ class SendRequest:
     tags: tuple[tuple[str, str], ...] = ()
     scheduled_at: float | None = None
 
-    @property
+    @cached_property  # asked for several times an email
     def recipients(self) -> tuple[NewRecipient, ...]:
         """Every recipient once (the first time it is named, in to, cc, bcc order): nobody
         gets the mail twice and nobody is charged twice."""
@@ -146,11 +147,17 @@ def _mailboxes(body: dict[str, Any], field: str, problems: Problems) -> tuple[Ma
 
 
 def prepare(
-    reads: Reads, principal: Principal, services: Services, request: SendRequest
+    reads: Reads,
+    principal: Principal,
+    services: Services,
+    request: SendRequest,
+    suppressions: dict[str, Suppression] | None = None,
 ) -> NewEmail:
     """The email a request asks for, ready to queue: its template rendered (outside any lock),
     its schedule checked against the clock, its cost counted. No write.
 
+    :param suppressions: the account's suppressions among the recipients, when the caller read
+        them already (for a whole batch at once); else they are read here.
     :raises ServiceError: the key may not send from that domain (403), or the template or the
         schedule refuses (400).
     """
@@ -173,7 +180,8 @@ def prepare(
             )
     # Addresses the account suppresses are accepted but never sent to, and cost nothing (read
     # here, outside any lock: one suppressed a moment later is left out at sending).
-    suppressions = reads.suppressed(account_id, [r.address for r in request.recipients])
+    if suppressions is None:
+        suppressions = reads.suppressed(account_id, [r.address for r in request.recipients])
     recipients = tuple(
         replace(r, status=statuses.SUPPRESSED, reply=suppressions[r.address].reply)
         if r.address in suppressions

@@ -318,6 +318,12 @@ class Writes(Reads, Protocol):
         recipients all are is ``failed`` at once, with the events that say so."""
         ...
 
+    def enqueue_emails(self, emails: Sequence[NewEmail]) -> list[int | None]:
+        """Queue several accepted emails (a batch) as :meth:`enqueue_email` queues one, in a
+        few statements for all of them; each one's sequence number, or None (nothing written
+        for it) where its sender domain is not verified for its account."""
+        ...
+
     def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
         """The attachments of these emails, content and all, in order (for delivery)."""
         ...
