@@ -18,7 +18,6 @@ from typing import Any
 from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.routing import Map, Rule
 
-from . import __version__
 from .auth import FULL
 from .routes import Endpoint
 from .validation import load_schema_files
@@ -65,6 +64,8 @@ def statuses(rule: Rule, endpoint: Endpoint) -> list[int]:
 
 
 def build(url_map: Map) -> dict[str, Any]:
+    import mailsvc  # its version, read when the document is first built
+
     schemas = {name: _inside(name, schema) for name, schema in load_schema_files().items()}
     paths: dict[str, dict[str, Any]] = {}
     for rule in sorted(url_map.iter_rules(), key=lambda r: r.rule):
@@ -75,7 +76,7 @@ def build(url_map: Map) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "mailsvc",
-            "version": __version__,
+            "version": mailsvc.__version__,
             "description": "A self-hosted transactional email service. Every error is "
             "`{statusCode, message, error}`; every answer of a rate-limited route carries "
             "RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset.",

@@ -7,7 +7,6 @@ mapping from the caller (tests, embedding apps). The README's settings table is 
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -445,6 +444,8 @@ def _parse(setting: Setting, raw: str, source: str) -> Any:
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
     """A warning for each ``MAILSVC_*`` variable that is no setting (a typo, most likely),
     naming the closest setting there is. (``MAILSVC_TEST_*`` are the test suite's.)"""
+    import difflib
+
     environ = os.environ if environ is None else environ
     known = [setting.env_name for setting in SETTINGS]
     warnings = []

@@ -16,14 +16,15 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
-from referencing import Registry, Resource
 
 from .errors import ValidationFailed
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 #: Problems listed in one answer at most; the rest are counted.
 MAX_REPORTED = 20
@@ -55,16 +56,24 @@ class Schemas:
             for name, schema in drafted.items()
             if name != "responses"
         }
-        # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
-        registry: Registry[Any] = Registry().with_resources(
-            (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values()
-        )
+        self._schemas = schemas
         self._validators: dict[str, Draft202012Validator] = {}
         #: The schemas whose documents are JSON arrays (a batch), not objects.
         self.arrays = {name for name, schema in schemas.items() if schema.get("type") == "array"}
-        for name, schema in schemas.items():
-            Draft202012Validator.check_schema(schema)
-            self._validators[name] = Draft202012Validator(schema, registry=registry)
+
+    def worded(self, name: str) -> Draft202012Validator:
+        """jsonschema's validator of a schema, made the first time a document is refused: the
+        library (and what it loads, a few megabytes in each worker) is needed only then."""
+        if name not in self._validators:
+            from jsonschema import Draft202012Validator
+            from referencing import Registry, Resource
+
+            # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
+            registry: Registry[Any] = Registry().with_resources(
+                (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+            )
+            self._validators[name] = Draft202012Validator(self._schemas[name], registry=registry)
+        return self._validators[name]
 
     def problems(self, name: str, instance: Any) -> Problems:
         """What is wrong with ``instance`` by schema ``name``, most shallow first."""
@@ -76,7 +85,7 @@ class Schemas:
                 return problems
             except fastjsonschema.JsonSchemaException:
                 pass  # jsonschema says what is wrong, in words
-        for error in _ordered(list(self._validators[name].iter_errors(instance))):
+        for error in _ordered(list(self.worded(name).iter_errors(instance))):
             for problem in describe(error):
                 problems.add_problem(problem)
         return problems

@@ -14,10 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import dns.exception
-import dns.nameserver
-import dns.resolver
-
 from ..settings import SettingsError
 from .dkim import SigningKey, dns_record
 
@@ -97,6 +93,10 @@ class DnsChecker:
         self.nameservers = parse_servers(servers)
 
     def txt(self, name: str) -> Lookup:
+        import dns.exception  # dnspython: loaded by the processes that look names up
+        import dns.nameserver
+        import dns.resolver
+
         resolver = dns.resolver.Resolver(configure=not self.nameservers)
         if self.nameservers:
             resolver.nameservers = [
@@ -127,6 +127,10 @@ class DnsChecker:
             pass
         if not self.nameservers:
             return self._system_addresses(name)
+        import dns.exception
+        import dns.nameserver
+        import dns.resolver
+
         resolver = dns.resolver.Resolver(configure=False)
         resolver.nameservers = [
             dns.nameserver.Do53Nameserver(host, port) for host, port in self.nameservers

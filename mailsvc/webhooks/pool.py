@@ -16,17 +16,19 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import metrics
 from ..delivery.leased import LeasedPool
 from ..errors import ValidationFailed
 from ..mail.dns import DnsChecker
+
+if TYPE_CHECKING:
+    from .client import Answer, WebhookClient
 from ..settings import Settings
 from ..store import Store, Webhook, WebhookAttempt, WebhookDelivery, Writes
 from ..store.webhooks import FAILED, PENDING, SUCCEEDED
 from . import signing
-from .client import Answer, WebhookClient
 from .targets import parse_url
 
 log = logging.getLogger("mailsvc.webhooks")
@@ -81,10 +83,24 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
         )
         self.settings = settings
         self.secrets = secrets
-        self.client = WebhookClient(
-            dns, timeout, settings.webhook_allow_private, settings.webhook_ca_file
-        )
+        self.dns = dns
+        self._client: WebhookClient | None = None
         self._rng = random.Random()
+
+    @property
+    def client(self) -> WebhookClient:
+        """The HTTP client, made (http.client and ssl loaded) for the first delivery."""
+        if self._client is None:
+            from .client import WebhookClient
+
+            settings = self.settings
+            self._client = WebhookClient(
+                self.dns,
+                settings.webhook_timeout_seconds,
+                settings.webhook_allow_private,
+                settings.webhook_ca_file,
+            )
+        return self._client
 
     def claim(
         self, tx: Writes, wanted: int
@@ -168,5 +184,7 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
         try:
             target = parse_url(webhook.url, self.settings.webhook_allow_http)
         except ValidationFailed as exc:  # the settings changed since the endpoint was made
+            from .client import Answer
+
             return Answer(None, 0.0, exc.message)
         return self.client.post(target, delivery.payload.encode("utf-8"), headers)
