@@ -14,6 +14,8 @@ EMAIL_COLUMNS = (
     "template_id, message_id, created_at, sent_at, last_error, attempts, due_at, headers, "
     "charged, scheduled_at"
 )
+#: The same columns, named for a query that joins emails to another table.
+_QUALIFIED_EMAIL_COLUMNS = ", ".join(f"emails.{name.strip()}" for name in EMAIL_COLUMNS.split(","))
 
 
 class HistoryVerbs:
@@ -118,34 +120,60 @@ class HistoryVerbs:
     def list_emails(
         self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
     ) -> list[EmailRecord]:
-        clauses: list[str] = ["account_id = ?"]
-        values: list[Any] = [account_id]
-        conditions: list[tuple[str, Any]] = [
-            ("seq < ?", before_seq),
-            ("status = ?", where.status),
-            ("sender_address = ?", where.sender),
-            ("created_at >= ?", where.since),
-            ("created_at < ?", where.until),
-            (
-                "EXISTS (SELECT 1 FROM recipients WHERE email_seq = emails.seq AND address = ?)",
-                where.recipient,
-            ),
-            (
-                "EXISTS (SELECT 1 FROM email_tags WHERE email_seq = emails.seq AND name = ? "
-                "AND value = ?)",
-                where.tag,
-            ),
+        """A page of an account's emails, newest first. A filter by recipient or by tag walks
+        that index (account, address or tag, email) from the newest match and stops at the
+        page's end, so its cost does not grow with the emails that do not match."""
+        driver, matched, conditions = self._list_driver(account_id, where)
+        conditions += [
+            (f"{matched} < ?", before_seq),
+            ("emails.status = ?", where.status),
+            ("emails.sender_address = ?", where.sender),
+            ("emails.created_at >= ?", where.since),
+            ("emails.created_at < ?", where.until),
         ]
+        if where.tag is not None and where.recipient is not None:
+            conditions.append(
+                (
+                    "EXISTS (SELECT 1 FROM email_tags WHERE email_seq = emails.seq "
+                    "AND account_id = ? AND name = ? AND value = ?)",
+                    (account_id, *where.tag),
+                )
+            )
+        clauses: list[str] = []
+        values: list[Any] = []
         for clause, value in conditions:
             if value is not None:
                 clauses.append(clause)
                 values.extend(value if isinstance(value, tuple) else [value])
         rows = self.connection.execute(
-            f"SELECT {EMAIL_COLUMNS} FROM emails WHERE {' AND '.join(clauses)} "
-            f"ORDER BY seq DESC LIMIT ?",
+            f"SELECT {_QUALIFIED_EMAIL_COLUMNS} FROM {driver} WHERE {' AND '.join(clauses)} "
+            f"ORDER BY {matched} DESC LIMIT ?",
             (*values, limit),
         ).fetchall()
         return self.with_recipients(rows)
+
+    @staticmethod
+    def _list_driver(account_id: str, where: EmailFilter) -> tuple[str, str, list[tuple[str, Any]]]:
+        """The rows a list walks (FROM), the column it orders by, and the conditions that
+        choose the account's matches in that index."""
+        if where.recipient is not None:
+            return (
+                "recipients AS matches JOIN emails ON emails.seq = matches.email_seq",
+                "matches.email_seq",
+                [("matches.account_id = ? AND matches.address = ?", (account_id, where.recipient))],
+            )
+        if where.tag is not None:
+            return (
+                "email_tags AS matches JOIN emails ON emails.seq = matches.email_seq",
+                "matches.email_seq",
+                [
+                    (
+                        "matches.account_id = ? AND matches.name = ? AND matches.value = ?",
+                        (account_id, *where.tag),
+                    )
+                ],
+            )
+        return "emails", "emails.seq", [("emails.account_id = ?", account_id)]
 
     def count_emails_by_status(self) -> dict[str, int]:
         rows = self.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")

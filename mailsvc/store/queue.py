@@ -113,9 +113,9 @@ class QueueVerbs(HistoryVerbs):
         """What queued emails hold beside their own row: recipients, files, tags, and the
         events of recipients left out (suppressed), a statement for each kind."""
         self._insert_rows(
-            "recipients (email_seq, position, address, status, kind, name, reply)",
+            "recipients (email_seq, account_id, position, address, status, kind, name, reply)",
             [
-                (seq, position, r.address, r.status, r.kind, r.name, r.reply)
+                (seq, email.account_id, position, r.address, r.status, r.kind, r.name, r.reply)
                 for seq, email in queued
                 for position, r in enumerate(email.recipients)
             ],
@@ -129,9 +129,9 @@ class QueueVerbs(HistoryVerbs):
             ],
         )
         self._insert_rows(
-            "email_tags (email_seq, position, name, value)",
+            "email_tags (email_seq, account_id, position, name, value)",
             [
-                (seq, position, name, value)
+                (seq, email.account_id, position, name, value)
                 for seq, email in queued
                 for position, (name, value) in enumerate(email.tags)
             ],
