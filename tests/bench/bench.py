@@ -29,158 +29,40 @@ target is held to. Not a test: run it by hand; numbers are for this machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import platform
-import re
 import shutil
-import signal
 import smtplib
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from mailsvc import operator
 from mailsvc.ids import new_id
 from mailsvc.mail.dkim import sign_message
 from mailsvc.mail.message import build_message
 from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
 
-from ..servers import Gunicorn, free_port
-from . import openloop, postfix
-
-ROOT = Path(__file__).resolve().parents[2]
-DOMAIN = "bench.example"
-HTML = "<html><body><p>" + ("Your receipt. " * 140) + "</p></body></html>"  # about 2 KB
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
-
-
-class Sink:
-    """The SMTP sink process and its log of ``time message-id`` lines."""
-
-    def __init__(self, folder: Path) -> None:
-        self.port = free_port()
-        self.log = folder / "sink.log"
-        self.log.touch()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.sink", str(self.port), str(self.log)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-        )
-        assert self.process.stdout is not None
-        self.process.stdout.readline()
-
-    def received(self) -> list[tuple[float, str]]:
-        lines = self.log.read_text().splitlines()
-        return [(float(t), mid) for t, mid in (line.split(" ", 1) for line in lines if " " in line)]
-
-    def count(self) -> int:
-        with open(self.log, "rb") as handle:
-            return sum(1 for _ in handle)
-
-    def wait_for(self, count: int, timeout: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.count() < count:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"sink has {self.count()} of {count}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(timeout=10)
-
-
-def serve(env: dict[str, str], workers: int, app: str | None = None) -> Gunicorn:
-    """gunicorn with the project's gunicorn.conf.py, every worker booted."""
-    server = Gunicorn(env, workers, app).start()
-    deadline = time.monotonic() + 30
-    while len(server.worker_pids()) < workers and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # let the workers finish booting
-    return server
-
-
-def worker_rss_mb(server: Gunicorn) -> list[float]:
-    """Resident memory of each worker, pages it shares with the others counted in full."""
-    return _worker_memory_mb(server, "status", "VmRSS")
-
-
-def worker_pss_mb(server: Gunicorn) -> list[float]:
-    """Proportional memory of each worker: a page shared by n processes counts 1/n in each."""
-    return _worker_memory_mb(server, "smaps_rollup", "Pss")
-
-
-def _worker_memory_mb(server: Gunicorn, proc_file: str, field: str) -> list[float]:
-    sizes = []
-    for pid in server.worker_pids():
-        text = Path(f"/proc/{pid}/{proc_file}").read_text()
-        sizes.append(int(re.search(rf"^{field}:\s+(\d+)", text, re.MULTILINE)[1]) / 1024)
-    return sizes
-
-
-def wrk(port: int, body: str, headers: dict[str, str], seconds: float, folder: Path) -> float:
-    """Requests per second, closed loop, 2 threads and 32 keep-alive connections."""
-    script = folder / "post.lua"
-    lua_headers = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
-    quoted = body.replace("\\", "\\\\").replace('"', '\\"')
-    script.write_text(
-        f'wrk.method = "POST"\nwrk.body = "{quoted}"\n'
-        f'wrk.headers["Content-Type"] = "application/json"\n{lua_headers}'
-    )
-    output = subprocess.run(
-        [
-            "wrk",
-            "-t2",
-            "-c32",
-            f"-d{seconds:g}s",
-            "-s",
-            str(script),
-            f"http://127.0.0.1:{port}/v1/emails",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
-    if non_2xx:
-        raise RuntimeError(f"wrk saw {non_2xx[1]} failed requests:\n{output}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", output)[1])
-
-
-def prepare(database: str) -> tuple[str, str]:
-    store = open_store(database)
-    account = operator.create_account(store, "Bench", 10**12)
-    key = operator.create_key(store, account["id"])["key"]
-    operator.add_domain(store, account["id"], DOMAIN, verified=True)
-    for group in ("send", "list", "other"):
-        operator.set_limit(store, account["id"], group, 10**9)
-    store.shutdown()
-    return account["id"], key
-
-
-def email(recipients: int) -> dict:
-    return {
-        "from": f"Bench <receipts@{DOMAIN}>",
-        "to": [f"user{n}@example.org" for n in range(recipients)],
-        "subject": "Your receipt",
-        "html": HTML,
-        "text": "Your receipt.",
-    }
+from . import cases, openloop, postfix
+from .parts import (
+    DOMAIN,
+    HTML,
+    Sink,
+    count_emails,
+    email,
+    percentile,
+    prepare,
+    serve,
+    worker_pss_mb,
+    worker_rss_mb,
+    wrk,
+)
+from .report import report
 
 
 def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
     headers = {"Authorization": f"Bearer {key}"}
-    import json
-
     results: dict = {}
     noop = serve(env, args.workers, "tests.bench.noop_app:app")
     results["H1"] = wrk(noop.port, json.dumps(email(1)), headers, args.seconds, folder)
@@ -189,8 +71,8 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
     server = serve(env, args.workers)
     results["H2"], results["E2E"] = accept_end_to_end(server, env, sink, headers, args, folder)
     results["H2x5"] = wrk(server.port, json.dumps(email(5)), headers, args.seconds, folder)
-    accepted_so_far = _count_emails(env["MAILSVC_DATABASE"])
-    sink.wait_for(_expected_messages(env["MAILSVC_DATABASE"]))  # let the backlog drain first
+    accepted_so_far = count_emails(env["MAILSVC_DATABASE"])
+    sink.wait_for(count_emails(env["MAILSVC_DATABASE"]))  # let the backlog drain first
     rate = results["H2"] / 2
     samples = openloop.run(
         "127.0.0.1", server.port, "/v1/emails", email(1), headers, rate, args.seconds
@@ -201,7 +83,7 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
         before = worker_rss_mb(server)
         soaked = wrk(server.port, json.dumps(email(1)), headers, args.soak_seconds, folder)
         results["soak"] = (before, worker_rss_mb(server), soaked * args.soak_seconds)
-    sink.wait_for(_expected_messages(env["MAILSVC_DATABASE"]))
+    sink.wait_for(count_emails(env["MAILSVC_DATABASE"]))
     server.stop()
 
     ok = [s for s in samples if s.status == 200]
@@ -224,12 +106,10 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
 
 def accept_end_to_end(server, env, sink, headers, args, folder) -> tuple[float, tuple[float, int]]:
     """H2 with wrk, then E2E: every email accepted in that run is at the sink."""
-    import json
-
     started, delivered_before = time.time(), sink.count()
-    accepted_before = _count_emails(env["MAILSVC_DATABASE"])
+    accepted_before = count_emails(env["MAILSVC_DATABASE"])
     accept = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
-    accepted = _count_emails(env["MAILSVC_DATABASE"]) - accepted_before
+    accepted = count_emails(env["MAILSVC_DATABASE"]) - accepted_before
     sink.wait_for(delivered_before + accepted)
     last = max(at for at, _ in sink.received()[delivered_before:])
     return accept, (accepted / (last - started), accepted)
@@ -262,18 +142,6 @@ def bench_postgres(args, folder, sink) -> dict:
         admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         admin.close()
     return {"H2": accept, "E2E": end_to_end}
-
-
-def _count_emails(database: str) -> int:
-    store = open_store(database)
-    try:
-        return sum(store.reads.count_emails_by_status().values())
-    finally:
-        store.shutdown()
-
-
-def _expected_messages(database: str) -> int:
-    return _count_emails(database)  # one message per email, whatever its recipients
 
 
 def bench_drain(args, folder, sink, env, account_id) -> dict:
@@ -375,6 +243,15 @@ def main() -> None:
         "--rounds", type=int, default=3, help="rounds of every case, one after the other"
     )
     parser.add_argument(
+        "--million",
+        type=int,
+        default=1_000_000,
+        help="emails already in the store of the H2M case (filled once a run)",
+    )
+    parser.add_argument(
+        "--due", type=int, default=100_000, help="due emails of the large queue of the claim case"
+    )
+    parser.add_argument(
         "--postgres-url",
         default=os.environ.get(
             "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -390,11 +267,19 @@ def main() -> None:
     args = parser.parse_args()
     if not shutil.which("wrk"):
         sys.exit("wrk is needed: apt-get install wrk")
-    rounds = [one_round(args, soak=number == args.rounds - 1) for number in range(args.rounds)]
+    shared = Path(tempfile.mkdtemp(prefix="mailsvc-bench-shared-"))
+    try:
+        filled = cases.Prefilled.make(shared, args.million, args.due)
+        print(f"filled {args.million} emails in {filled.fill_seconds:.0f} s", flush=True)
+        rounds = [
+            one_round(args, filled, soak=number == args.rounds - 1) for number in range(args.rounds)
+        ]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
     report(args, rounds)
 
 
-def one_round(args, soak: bool) -> dict:
+def one_round(args, filled: cases.Prefilled, soak: bool) -> dict:
     """Every case once, with a folder, database and sink of the round's own."""
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-"))
     sink = Sink(folder)
@@ -405,111 +290,28 @@ def one_round(args, soak: bool) -> dict:
     account_id, key = prepare(env["MAILSVC_DATABASE"])
     try:
         http = bench_http(args, folder, sink, env, key, soak)
+        more = {
+            "down": cases.bench_relay_down(args, folder),
+            "batch": cases.bench_batch(args, folder, sink),
+        }
+        more.update(cases.bench_noisy(args, sink, env, key, http["H2"] / 4))
+        large = cases.bench_large_store(args, folder, sink, filled)
+        claim = cases.bench_claim(filled)
         postgres = bench_postgres(args, folder, sink)
         drain = bench_drain(args, folder, sink, env, account_id)
         relay = bench_postfix(folder, sink, drain["message"], http["E2E"][1])
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    return {"http": http, "postgres": postgres, "drain": drain, "relay": relay}
-
-
-@dataclass(frozen=True)
-class Row:
-    """A figure of the report: its value in a round (None: not measured), and its target."""
-
-    name: str
-    value: Callable[[dict], float | None]
-    target: str = ""
-    met: Callable[[float], bool] | None = None
-
-
-def _relay(figure: str) -> Callable[[dict], float | None]:
-    return lambda r: None if "skipped" in r["relay"] else r["relay"][figure]
-
-
-def _postgres(figure: Callable[[dict], float]) -> Callable[[dict], float | None]:
-    return lambda r: None if "skipped" in r["postgres"] else figure(r["postgres"])
-
-
-def _versus_postfix(r: dict) -> float | None:
-    return None if "skipped" in r["relay"] else r["http"]["E2E"][0] / r["relay"]["E2E"]
-
-
-ROWS = [
-    Row("H1 no-op app, requests/s", lambda r: r["http"]["H1"]),
-    Row("H2 accept, 1 recipient, emails/s", lambda r: r["http"]["H2"]),
-    Row("H2 accept, 5 recipients, emails/s", lambda r: r["http"]["H2x5"]),
-    Row("H2 / H1", lambda r: r["http"]["H2"] / r["http"]["H1"], ">= 0.5", lambda v: v >= 0.5),
-    Row("accept latency p50 ms", lambda r: r["http"]["latency"][0]),
-    Row("accept latency p99 ms", lambda r: r["http"]["latency"][1], "<= 10", lambda v: v <= 10),
-    Row("accept latency max ms", lambda r: r["http"]["latency"][2], "<= 100", lambda v: v <= 100),
-    Row("accept-to-handoff p50 ms", lambda r: r["http"]["handoff"][0], "<= 5", lambda v: v <= 5),
-    Row("accept-to-handoff p99 ms", lambda r: r["http"]["handoff"][1], "<= 25", lambda v: v <= 25),
-    Row("D0 raw smtplib, msgs/s", lambda r: r["drain"]["D0"]),
-    Row("D1 mailsvc drain, msgs/s", lambda r: r["drain"]["D1"]),
-    Row("D1 / D0", lambda r: r["drain"]["D1"] / r["drain"]["D0"], ">= 0.8", lambda v: v >= 0.8),
-    Row("E2E mailsvc end to end, msgs/s", lambda r: r["http"]["E2E"][0]),
-    Row("H2pg accept on PostgreSQL, emails/s", _postgres(lambda p: p["H2"])),
-    Row("E2Epg end to end on PostgreSQL", _postgres(lambda p: p["E2E"][0])),
-    Row(
-        "H2pg / H2 (PostgreSQL / SQLite)",
-        lambda r: None if "skipped" in r["postgres"] else r["postgres"]["H2"] / r["http"]["H2"],
-        ">= 0.5",
-        lambda v: v >= 0.5,
-    ),
-    Row(
-        "E2Epg / E2E",
-        lambda r: (
-            None if "skipped" in r["postgres"] else r["postgres"]["E2E"][0] / r["http"]["E2E"][0]
-        ),
-    ),
-    Row("P Postfix accept, msgs/s", _relay("accept")),
-    Row("P Postfix end to end, msgs/s", _relay("E2E")),
-    Row("mailsvc / P, end to end", _versus_postfix, ">= 3", lambda v: v >= 3),
-    Row("RSS per worker MB", lambda r: max(r["http"]["rss"]), "<= 40", lambda v: v <= 40),
-    Row("PSS per worker MB", lambda r: max(r["http"]["pss"])),
-]
-
-
-def report(args, rounds: list[dict]) -> None:
-    """A column a round, then the median of the rounds, which is what a target is held to."""
-    print(
-        f"mailsvc benchmark -- {platform.node()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, gunicorn -w {args.workers} (gunicorn.conf.py), "
-        f"{len(rounds)} rounds, load: wrk (peak) + open-loop asyncio client"
-    )
-    heads = [f"round {n}" for n in range(1, len(rounds) + 1)] + ["median", "target", "met"]
-    print(f"{'figure':<34}" + "".join(f"{head:>9}" for head in heads))
-    for row in ROWS:
-        values = [row.value(r) for r in rounds]
-        measured = [v for v in values if v is not None]
-        middle = statistics.median(measured) if measured else None
-        met = "" if row.met is None or middle is None else ("yes" if row.met(middle) else "no")
-        cells = [_cell(v) for v in (*values, middle)] + [row.target, met]
-        print(f"{row.name:<34}" + "".join(f"{cell:>9}" for cell in cells))
-    print("(RSS and PSS: the largest worker's, after the open-loop run)")
-    for number, r in enumerate(rounds, start=1):
-        http, relay = r["http"], r["relay"]
-        postfix_said = relay["skipped"] if "skipped" in relay else f"Postfix {relay['version']}"
-        if "skipped" in r["postgres"]:
-            print(f"round {number}: PostgreSQL skipped: {r['postgres']['skipped']}")
-        print(
-            f"round {number}: open loop at {http['rate']:.0f}/s, {http['errors']} errors, "
-            f"{http['handoff'][2]} of {http['handoff'][3]} accepted emails matched at the "
-            f"sink; E2E {http['E2E'][1]} emails; D0/D1 {r['drain']['threads']} threads, "
-            f"{args.drain} emails; P: {postfix_said}"
-        )
-        if "soak" in http:
-            before, after, count = http["soak"]
-            sizes = ", ".join(f"{b:.1f} -> {a:.1f}" for b, a in zip(before, after, strict=True))
-            print(f"round {number}: RSS per worker over {count:.0f} more requests: {sizes} MB")
-
-
-def _cell(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2f}" if value < 10 else f"{value:.0f}"
+    return {
+        "http": http,
+        "more": more,
+        "large": large,
+        "claim": claim,
+        "postgres": postgres,
+        "drain": drain,
+        "relay": relay,
+    }
 
 
 if __name__ == "__main__":

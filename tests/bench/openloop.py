@@ -73,16 +73,21 @@ def run(
     host: str,
     port: int,
     path: str,
-    body: dict,
+    body: dict | None,
     headers: dict[str, str],
     rate: float,
     seconds: float,
     connections: int = 32,
 ) -> list[Sample]:
-    payload = json.dumps(body).encode()
+    """Requests at ``rate`` a second for ``seconds``: a POST of ``body`` as JSON, or a GET when
+    ``body`` is None."""
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    raw = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n{head}\r\n"
-    ).encode() + payload
+    if body is None:
+        raw = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n".encode()
+    else:
+        payload = json.dumps(body).encode()
+        raw = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n{head}\r\n"
+        ).encode() + payload
     return asyncio.run(_run(host, port, raw, rate, seconds, connections))
