@@ -7,6 +7,7 @@ warning. Delivery threads start in each worker after fork and stop, gracefully, 
 exits. Metrics of every worker are counted together (prometheus_client's multiprocess mode).
 """
 
+import ctypes
 import os
 import shutil
 import tempfile
@@ -47,6 +48,20 @@ def on_starting(server):
     for entry in os.listdir(_METRICS_FOLDER):  # counts of an earlier run are not this one's
         os.remove(os.path.join(_METRICS_FOLDER, entry))
     check_or_exit(_settings)
+
+
+#: glibc's ``mallopt`` option that caps its malloc arenas.
+_M_ARENA_MAX = -8
+
+
+def post_fork(server, worker):
+    # glibc gives each thread that meets contention a malloc arena of its own (up to 8 per
+    # core), each keeping freed memory; a worker's threads share two, unless the operator set
+    # MALLOC_ARENA_MAX. Set before the worker starts its threads.
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # None: not glibc
+        if mallopt is not None:
+            mallopt(_M_ARENA_MAX, 2)
 
 
 def post_worker_init(worker):

@@ -49,6 +49,7 @@ class Gunicorn:
         self.env = {**os.environ, **settings}
         self.workers = workers
         self.app = app  # another WSGI app under the same configuration (the benchmark's floor)
+        self.root = ROOT  # the checkout it runs (a benchmark may run another version's)
         self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()
 
@@ -71,7 +72,7 @@ class Gunicorn:
                 f"127.0.0.1:{self.port}",
                 *([self.app] if self.app else []),
             ],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=self._log,  # a file: a pipe nobody reads could fill and stall the server

@@ -4,7 +4,6 @@ made before that index is upgraded in place."""
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -74,9 +73,13 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
         "CREATE INDEX email_tags_by_tag ON email_tags (name, value, email_seq)",
     ]
     if backend == "sqlite":
-        older = str(Path(database).with_name("older.sqlite3"))  # a file this process has not
-        shutil.copy(database, older)  # migrated yet (the app was stopped, its WAL emptied)
-        with sqlite3.connect(older) as connection:
+        # A copy (through SQLite, so that what is still in the WAL comes too): a file this
+        # process has not migrated yet.
+        older = str(Path(database).with_name("older.sqlite3"))
+        source, connection = sqlite3.connect(database), sqlite3.connect(older)
+        source.backup(connection)
+        source.close()
+        with connection:
             for statement in undo:
                 connection.execute(statement)
             connection.execute("PRAGMA user_version = 10")

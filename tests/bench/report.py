@@ -74,6 +74,7 @@ ROWS = [
     Row("claim, 100,000 due, ms", lambda r: r["claim"]["large"] * 1000),
     Row("claim 100k / 10", lambda r: r["claim"]["large"] / r["claim"]["small"], *_at_most(2)),
     Row("quiet accept p99 ms", lambda r: r["more"]["quiet"]),
+    Row("accept p99, noisy's burst, ms", lambda r: r["more"]["burst"]),
     Row("accept p99 beside noisy ms", lambda r: r["more"]["noisy"]),
     Row("noisy / quiet p99", lambda r: r["more"]["noisy"] / r["more"]["quiet"], *_at_most(2)),
     Row("H2pg accept on PostgreSQL", _postgres(lambda r: r["postgres"]["H2"])),

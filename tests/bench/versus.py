@@ -1,0 +1,82 @@
+"""Two versions of mailsvc side by side: a baseline checkout against this one, interleaved.
+
+    git worktree add /tmp/mailsvc-base <commit>
+    python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10]
+
+Each round serves the baseline and then this checkout (each with a fresh database and sink, the
+same gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed
+rate, and reads each worker's RSS and PSS; the report gives each round and the medians, and the
+ratio of this checkout to the baseline. For a change whose effect is smaller than the noise
+between separate runs (memory, a few percent of throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from ..servers import Gunicorn
+from . import openloop
+from .parts import ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
+
+
+def measure(checkout: Path, args) -> dict[str, float]:
+    folder = Path(tempfile.mkdtemp(prefix="mailsvc-versus-"))
+    sink = Sink(folder)
+    database = str(folder / "bench.sqlite3")
+    _, key = prepare(database)
+    env = {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
+    server = Gunicorn(env, args.workers)
+    server.root = checkout
+    server.start()
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        accept = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
+        samples = openloop.run(
+            "127.0.0.1", server.port, "/v1/emails", email(1), headers, args.rate, args.seconds
+        )
+        latencies = sorted(s.latency * 1000 for s in samples if s.status == 200)
+        return {
+            "accept/s": accept,
+            "p99 ms": latencies[int(0.99 * len(latencies))],
+            "RSS MB": max(worker_rss_mb(server)),
+            "PSS MB": max(worker_pss_mb(server)),
+        }
+    finally:
+        server.stop()
+        sink.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("baseline", type=Path, help="a checkout of the version to compare with")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=400.0, help="open-loop requests/s")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    rounds = [
+        {"baseline": measure(args.baseline.resolve(), args), "this": measure(ROOT, args)}
+        for _ in range(args.rounds)
+    ]
+    heads = "".join(f"{f'round {n}':>10}" for n in range(1, args.rounds + 1))
+    print(f"{'figure':<12}{'version':<10}{heads}")
+    for figure in rounds[0]["this"]:
+        medians = {}
+        for version in ("baseline", "this"):
+            values = [r[version][figure] for r in rounds]
+            medians[version] = statistics.median(values)
+            cells = "".join(f"{v:>10.1f}" for v in values)
+            print(f"{figure:<12}{version:<10}{cells}   median {medians[version]:.1f}")
+        print(f"{'':<12}{'this/base':<10}{medians['this'] / medians['baseline']:>10.3f}")
+
+
+if __name__ == "__main__":
+    main()
