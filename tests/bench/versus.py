@@ -4,16 +4,18 @@
     python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
-same gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed
-rate, and reads each worker's RSS and PSS; the report gives each round and the medians, and the
-ratio of this checkout to the baseline. For a change whose effect is smaller than the noise
-between separate runs (memory, a few percent of throughput).
+gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed rate,
+and reads each worker's RSS and PSS, and the PSS of the master and workers together; the report
+gives each round and the medians, and the ratio of this checkout to the baseline. For a change
+whose effect is smaller than the noise between separate runs (memory, a few percent of
+throughput).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import tempfile
@@ -45,11 +47,18 @@ def measure(checkout: Path, args) -> dict[str, float]:
             "p99 ms": latencies[int(0.99 * len(latencies))],
             "RSS MB": max(worker_rss_mb(server)),
             "PSS MB": max(worker_pss_mb(server)),
+            "all PSS MB": _pss_mb(server.process.pid) + sum(worker_pss_mb(server)),
         }
     finally:
         server.stop()
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pss_mb(pid: int) -> float:
+    """Proportional memory of one process (the master)."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    return int(re.search(r"^Pss:\s+(\d+)", text, re.MULTILINE)[1]) / 1024
 
 
 def main() -> None:
