@@ -89,3 +89,26 @@ def test_writes_and_reads_reuse_their_connections(db):
         with db.read() as view:
             view.get_account("acc_none")
     assert open_files() <= before + 2
+
+
+def test_a_writer_started_again_after_a_stop_waits_for_the_stopped_one(db):
+    """A stop lets the writer finish its last jobs and close the write connection; a write
+    right after it starts another writer, which must not use that connection meanwhile (two
+    threads on one SQLite connection, one closing it, crash the process)."""
+    written: list[str] = []
+
+    def keep_writing(name: str) -> None:
+        for number in range(150):
+            written.append(db.write(_insert(f"{name}{number}"), durable=False)[0])
+
+    writers = [threading.Thread(target=keep_writing, args=(name,)) for name in "abc"]
+    for thread in writers:
+        thread.start()
+    while any(thread.is_alive() for thread in writers):
+        db.shutdown()  # stops the writer while the others keep sending it jobs
+        time.sleep(0.001)
+    for thread in writers:
+        thread.join()
+    with sqlite3.connect(db.path) as check:
+        stored = {row[0] for row in check.execute("SELECT value FROM scratch")}
+    assert len(written) == 450 and stored == set(written)

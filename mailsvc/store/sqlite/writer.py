@@ -56,6 +56,8 @@ class Writer:
         self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
         self._pid: int | None = None
         self._start_lock = threading.Lock()
+        #: The thread of the last start, and the process that started it.
+        self._thread: tuple[threading.Thread, int] | None = None
 
     def run(self, work: Callable[[SqlVerbs], Result], durable: bool = True) -> Result:
         """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
@@ -84,8 +86,15 @@ class Writer:
             return
         with self._start_lock:
             if self._pid != os.getpid():
+                # A writer stopped in this process may still be committing its last jobs on
+                # the one write connection, and closes it when done: the new one waits for it.
+                last = self._thread
+                if last and last[1] == os.getpid() and last[0] is not threading.current_thread():
+                    last[0].join()
                 self._queue = queue.SimpleQueue()
-                threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
+                thread = threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True)
+                thread.start()
+                self._thread = (thread, os.getpid())
                 self._pid = os.getpid()
 
     def _loop(self) -> None:
