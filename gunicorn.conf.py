@@ -33,6 +33,8 @@ except SettingsError as exc:
 for _warning in unknown_variables():
     warn(_warning)
 logs.configure(_settings.log_format)
+# The store is checked (and migrated) here, before gunicorn imports the app (preload_app).
+check_or_exit(_settings)
 
 wsgi_app = "mailsvc.wsgi:app"
 bind = _settings.bind
@@ -53,7 +55,6 @@ preload_app = True
 def on_starting(server):
     for entry in os.listdir(_METRICS_FOLDER):  # counts of an earlier run are not this one's
         os.remove(os.path.join(_METRICS_FOLDER, entry))
-    check_or_exit(_settings)
 
 
 #: glibc's ``mallopt`` option that caps its malloc arenas.
