@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -66,14 +67,20 @@ class Schemas:
         library (and what it loads, a few megabytes in each worker) is needed only then."""
         if name not in self._validators:
             from jsonschema import Draft202012Validator
-            from referencing import Registry, Resource
 
-            # Schemas refer to each other by their $id (``page_query.json#/$defs/limit``).
-            registry: Registry[Any] = Registry().with_resources(
-                (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+            self._validators[name] = Draft202012Validator(
+                self._schemas[name], registry=self._registry
             )
-            self._validators[name] = Draft202012Validator(self._schemas[name], registry=registry)
         return self._validators[name]
+
+    @cached_property
+    def _registry(self) -> Any:
+        """Every schema by its ``$id``: they refer to each other (``page_query.json#/...``)."""
+        from referencing import Registry, Resource
+
+        return Registry().with_resources(
+            (schema["$id"], Resource.from_contents(schema)) for schema in self._schemas.values()
+        )
 
     def problems(self, name: str, instance: Any) -> Problems:
         """What is wrong with ``instance`` by schema ``name``, most shallow first."""

@@ -81,8 +81,7 @@ def _queue(emails: Sequence[NewEmail], field: str) -> Any:
     events = [webhook_events.at_acceptance(email) for email in emails]
 
     def queue(tx: Writes) -> None:
-        seqs = [tx.enqueue_email(emails[0])] if len(emails) == 1 else tx.enqueue_emails(emails)
-        for index, (email, seq) in enumerate(zip(emails, seqs, strict=True)):
+        for index, (email, seq) in enumerate(zip(emails, tx.enqueue_emails(emails), strict=True)):
             if seq is None:
                 domain = email.sender_address.rpartition("@")[2]
                 raise DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")

@@ -23,9 +23,18 @@ from functools import lru_cache
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-#: Header fields RFC 6376 (section 5.4) says should not be signed.
-_NOT_SIGNED = {b"return-path", b"received", b"comments", b"keywords", b"bcc", b"resent-bcc"}
-_NOT_SIGNED.add(b"dkim-signature")
+#: Header fields RFC 6376 (section 5.4) says should not be signed, and DKIM-Signature itself.
+_NOT_SIGNED = frozenset(
+    {
+        b"return-path",
+        b"received",
+        b"comments",
+        b"keywords",
+        b"bcc",
+        b"resent-bcc",
+        b"dkim-signature",
+    }
+)
 _WSP = re.compile(rb"[ \t]+")
 _FIELD_END = re.compile(rb"\r\n(?![ \t])")
 

@@ -92,8 +92,9 @@ class DnsChecker:
         self.timeout = timeout
         self.nameservers = parse_servers(servers)
 
-    def txt(self, name: str) -> Lookup:
-        import dns.exception  # dnspython: loaded by the processes that look names up
+    def _resolver(self) -> Any:
+        """dnspython's resolver, on the configured nameservers, else the system's (dnspython
+        is loaded here, by the processes that look names up, not by every worker at start)."""
         import dns.nameserver
         import dns.resolver
 
@@ -102,6 +103,13 @@ class DnsChecker:
             resolver.nameservers = [
                 dns.nameserver.Do53Nameserver(host, port) for host, port in self.nameservers
             ]
+        return resolver
+
+    def txt(self, name: str) -> Lookup:
+        import dns.exception
+        import dns.resolver
+
+        resolver = self._resolver()
         try:
             answer = resolver.resolve(name, "TXT", lifetime=self.timeout, search=False)
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
@@ -128,13 +136,9 @@ class DnsChecker:
         if not self.nameservers:
             return self._system_addresses(name)
         import dns.exception
-        import dns.nameserver
         import dns.resolver
 
-        resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers = [
-            dns.nameserver.Do53Nameserver(host, port) for host, port in self.nameservers
-        ]
+        resolver = self._resolver()
         found: list[str] = []
         for rdtype in ("A", "AAAA"):
             try:

@@ -56,7 +56,10 @@ class QueueVerbs(HistoryVerbs):
     def enqueue_emails(self, emails: Sequence[NewEmail]) -> list[int | None]:
         # A batch: the sender domains checked in one read, the emails inserted in one
         # statement, their recipients, files and tags in one each (a handful of statements in
-        # the writer for a hundred emails, not several hundred).
+        # the writer for a hundred emails, not several hundred). One email alone: its insert
+        # checks its domain, one statement fewer.
+        if len(emails) == 1:
+            return [self.enqueue_email(emails[0])]
         verified: set[tuple[str, str]] = set()
         for account_id in {email.account_id for email in emails}:
             names = sorted({_domain(e) for e in emails if e.account_id == account_id})

@@ -22,14 +22,14 @@ from .. import metrics
 from ..delivery.leased import LeasedPool
 from ..errors import ValidationFailed
 from ..mail.dns import DnsChecker
-
-if TYPE_CHECKING:
-    from .client import Answer, WebhookClient
 from ..settings import Settings
 from ..store import Store, Webhook, WebhookAttempt, WebhookDelivery, Writes
 from ..store.webhooks import FAILED, PENDING, SUCCEEDED
 from . import signing
 from .targets import parse_url
+
+if TYPE_CHECKING:  # loaded (http.client and ssl with it) for the first delivery
+    from .client import Answer, WebhookClient
 
 log = logging.getLogger("mailsvc.webhooks")
 
