@@ -22,7 +22,10 @@ _METRICS_FOLDER = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp
 )
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _METRICS_FOLDER
 
+import gunicorn.util  # noqa: E402
+
 from mailsvc import logs  # noqa: E402
+from mailsvc.errors import raw_error_response  # noqa: E402
 from mailsvc.settings import SettingsError, load_settings, unknown_variables  # noqa: E402
 from mailsvc.startup import check_or_exit, fail, warn  # noqa: E402
 
@@ -35,6 +38,16 @@ for _warning in unknown_variables():
 logs.configure(_settings.log_format)
 # The store is checked (and migrated) here, before gunicorn imports the app (preload_app).
 check_or_exit(_settings)
+
+
+def _write_error(sock, status_int, reason, mesg):
+    # What gunicorn refuses itself, before the app sees the request (a request line over 4094
+    # bytes, headers too large, a malformed request), is answered in the service's error
+    # format too, not as gunicorn's HTML page. gunicorn's workers call util.write_error.
+    gunicorn.util.write_nonblock(sock, raw_error_response(status_int, reason, mesg))
+
+
+gunicorn.util.write_error = _write_error
 
 wsgi_app = "mailsvc.wsgi:app"
 bind = _settings.bind

@@ -109,6 +109,17 @@ def error_body(status: int, message: str) -> dict[str, object]:
     }
 
 
+def raw_error_response(status: int, reason: str, message: str) -> bytes:
+    """A whole HTTP/1.1 answer with the error body, for a request refused before it reached
+    the app (gunicorn's own refusals of a request line or headers it cannot take)."""
+    body = json.dumps(error_body(status, message)).encode("utf-8")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
 def render_error(exc: BaseException) -> Response:
     """Render any exception as the spec's JSON error.
 

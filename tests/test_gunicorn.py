@@ -51,3 +51,32 @@ def test_200_concurrent_emails_arrive_exactly_once(served_tenant, sink, tmp_path
         assert view.count_emails_by_status() == {"sent": 200}
         assert view.get_account(account_id).credits == 100_000 - 200
     assert "Traceback" not in stderr
+
+
+def test_what_gunicorn_refuses_itself_is_answered_in_the_error_format(served_tenant):
+    """A request line or headers gunicorn will not take never reach the app: the answer is
+    still the JSON error body, not gunicorn's HTML page."""
+    import json
+    import socket
+
+    database = served_tenant[0]
+    server = Gunicorn({"MAILSVC_DATABASE": database}, workers=1).start()
+    try:
+        cases = {
+            414: f"GET /v1/emails?to={'a' * 5000}@x.org HTTP/1.1\r\nHost: x\r\n\r\n",
+            431: "GET /v1/emails HTTP/1.1\r\nHost: x\r\n" + "X-A: b\r\n" * 200 + "\r\n",
+            400: "NOT A REQUEST\r\n\r\n",
+        }
+        for status, raw in cases.items():
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+                conn.sendall(raw.encode())
+                answer = b""
+                while chunk := conn.recv(65536):
+                    answer += chunk
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+            assert b"Content-Type: application/json" in head, head
+            error = json.loads(body)
+            assert error["statusCode"] == status and error["message"] and error["error"], error
+    finally:
+        server.stop()
