@@ -199,7 +199,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "poll_seconds",
         1.0,
-        "How often idle delivery threads look for mail queued by other processes.",
+        "How often idle delivery threads look for mail queued by other processes, and how "
+        "often one email tries a relay that cannot be reached.",
         _positive_float,
     ),
     Setting(

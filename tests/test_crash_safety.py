@@ -133,8 +133,20 @@ def test_relay_down_does_not_slow_the_api_and_the_backlog_drains(config, clock):
         latencies = timed_posts(client, tenant, 40)
         # An accept takes milliseconds; a relay that blocked the API would take seconds.
         assert max(latencies) < 0.25, max(latencies)
-        wait_until(lambda: count_by_status(app.store) == {"deferred": 40}, 20, "all deferred")
+        time.sleep(1.0)  # five polls (0.2 s) with the relay down
+        # Once the relay is known down, delivery holds back: one email a poll tries it (the
+        # probe), the rest stay queued, not attempted and deferred one by one.
+        statuses = count_by_status(app.store)
+        assert set(statuses) == {"queued", "deferred"}, statuses
+        assert statuses["deferred"] <= 4 + 2 * 7, statuses  # the first claims, then the probes
+        assert statuses["queued"] >= 20, statuses
         sink = SmtpSink(port=port).start()  # the relay is back
+        # What waited queued goes at once (the clock has not moved); the deferred at their
+        # retry.
+        wait_until(lambda: "queued" not in count_by_status(app.store), 10, "the queued sent")
+        statuses = count_by_status(app.store)
+        assert set(statuses) == {"sent", "deferred"} and statuses["sent"] >= 20, statuses
+        assert len(sink.messages) == statuses["sent"]
         clock.advance(61)
         sink.wait_for(40, timeout=30)
         wait_until(lambda: count_by_status(app.store) == {"sent": 40}, 20, "all sent")

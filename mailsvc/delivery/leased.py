@@ -61,6 +61,8 @@ class LeasedPool(Generic[Item]):
         self._running = False
         self._wakeup = threading.Condition()
         self._signalled = False
+        #: No claim before this (monotonic) time: what :meth:`admits` said when it held back.
+        self._held_back_until = 0.0
         self._idle = 0
         self._held: set[int] = set()  # the pieces this process holds leases on
         self._held_lock = threading.Lock()
@@ -72,6 +74,11 @@ class LeasedPool(Generic[Item]):
     def claim(self, tx: Writes, wanted: int) -> tuple[list[Item], float | None]:
         """Lease up to ``wanted`` pieces to :attr:`owner`; with fewer, when the next falls due."""
         raise NotImplementedError
+
+    def admits(self, wanted: int) -> tuple[int, float]:
+        """How many of ``wanted`` pieces may be claimed now (where the work goes may be known to
+        be down), and when none, the monotonic time to ask again."""
+        return wanted, 0.0
 
     def key(self, item: Item) -> int:
         """The piece's sequence number, by which its lease is renewed or given back."""
@@ -109,6 +116,7 @@ class LeasedPool(Generic[Item]):
         self.owner = f"{socket.gethostname()}/{os.getpid()}/{new_id('lease')}"
         self._handoff = queue.SimpleQueue()
         self._idle = 0
+        self._held_back_until = 0.0
         self._held = set()
         self._stopped = threading.Event()
         claimer = threading.Thread(
@@ -136,6 +144,13 @@ class LeasedPool(Generic[Item]):
     def wake(self) -> None:
         """Tell the claimer that there is new work."""
         with self._wakeup:
+            self._signalled = True
+            self._wakeup.notify_all()
+
+    def resume(self) -> None:
+        """Claims held back by :meth:`admits` may resume at once (where the work goes is back)."""
+        with self._wakeup:
+            self._held_back_until = 0.0
             self._signalled = True
             self._wakeup.notify_all()
 
@@ -171,14 +186,14 @@ class LeasedPool(Generic[Item]):
         next_poll = time.monotonic()
         while True:
             with self._wakeup:
-                while self._running and (
-                    self._idle == 0 or (not self._signalled and time.monotonic() < next_poll)
-                ):
-                    self._wakeup.wait(None if self._idle == 0 else next_poll - time.monotonic())
+                while self._running and not self._claim_now(next_poll):
+                    self._wakeup.wait(self._sleep(next_poll))
                 if not self._running:
                     return
+                wanted, self._held_back_until = self.admits(self._idle)
+                if not wanted:
+                    continue  # the signal, if any, stays for when claims may resume
                 self._signalled = False
-                wanted = self._idle
             next_due = None
             try:
                 # A claim lost with the power only means it is made again: no fsync for it.
@@ -204,6 +219,24 @@ class LeasedPool(Generic[Item]):
                     next_poll = time.monotonic() + wait
             for item in batch:
                 self._handoff.put(item)
+
+    def _claim_now(self, next_poll: float) -> bool:
+        """Whether to claim: a worker is idle, claims are not held back, and there is news or
+        the poll is due (called holding the wake-up condition)."""
+        now = time.monotonic()
+        return (
+            self._idle > 0
+            and now >= self._held_back_until
+            and (self._signalled or now >= next_poll)
+        )
+
+    def _sleep(self, next_poll: float) -> float | None:
+        """How long the claimer may sleep unless woken: until a worker is idle, or until claims
+        may resume and it is time to look."""
+        if self._idle == 0:
+            return None
+        look = time.monotonic() if self._signalled else next_poll
+        return max(0.0, max(look, self._held_back_until) - time.monotonic())
 
     def _work_loop(self) -> None:
         state = self.open_worker()

@@ -89,8 +89,14 @@ class DeliveryPool(LeasedPool[Claimed]):
             settings.retry_lifetime_seconds,
         )
         self._rng = random.Random()
-        #: Whether this process reaches the relay, shared by its senders (logged on a change).
-        self.relay_health = RelayHealth(settings.smtp_url)
+        #: Whether this process reaches the relay, shared by its senders (logged on a change);
+        #: while it does not, claims hold back to a probe a poll.
+        self.relay_health = RelayHealth(
+            settings.smtp_url,
+            probe_seconds=settings.poll_seconds,
+            patience=settings.smtp_timeout_seconds,
+            on_reached=self.resume,
+        )
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
@@ -138,6 +144,9 @@ class DeliveryPool(LeasedPool[Claimed]):
                 )
             )
         return batch, next_due
+
+    def admits(self, wanted: int) -> tuple[int, float]:
+        return self.relay_health.admits(wanted)
 
     def key(self, item: Claimed) -> int:
         return item.email.seq

@@ -95,18 +95,38 @@ class RelayUrl:
 
 class RelayHealth:
     """Whether a process reaches its relay: logged once when the relay cannot be reached
-    (however many messages then wait) and once when it can again, not per message."""
+    (however many messages then wait) and once when it can again, not per message.
 
-    def __init__(self, relay: str) -> None:
+    While it cannot be reached, delivery holds back: the claimer takes one email
+    ``probe_seconds`` after the last failure to try the relay with (see :meth:`admits`), and
+    leaves the rest queued, instead of attempting, and deferring one by one, every email that
+    falls due. A probe that has not failed within ``patience`` more seconds (a relay that does
+    not answer) is followed by another. The first connection that succeeds calls ``on_reached``
+    (which wakes the claimer).
+    """
+
+    def __init__(
+        self,
+        relay: str,
+        probe_seconds: float = 1.0,
+        patience: float = 30.0,
+        on_reached: Callable[[], None] = lambda: None,
+    ) -> None:
         self.relay = _without_password(relay)
+        self.probe_seconds = probe_seconds
+        self.patience = patience
+        self.on_reached = on_reached
         self._failing_since: float | None = None
+        self._next_probe = 0.0
         self._lock = threading.Lock()
 
     def failed(self, reason: str) -> None:
         with self._lock:
+            now = time.monotonic()
+            self._next_probe = now + self.probe_seconds
             if self._failing_since is not None:
                 return
-            self._failing_since = time.monotonic()
+            self._failing_since = now
         log.error("relay %s cannot be reached (%s); mail waits and is retried", self.relay, reason)
 
     def reached(self) -> None:
@@ -114,6 +134,20 @@ class RelayHealth:
             since, self._failing_since = self._failing_since, None
         if since is not None:
             log.warning("relay %s reached again after %.0f s", self.relay, time.monotonic() - since)
+            self.on_reached()
+
+    def admits(self, wanted: int) -> tuple[int, float]:
+        """How many of ``wanted`` emails may be claimed now, and when none, the monotonic time
+        to ask again: all of them while the relay is reached; while it is not, one (the probe)
+        once its time has come."""
+        with self._lock:
+            if self._failing_since is None:
+                return wanted, 0.0
+            now = time.monotonic()
+            if now < self._next_probe:  # (asked again a probe's time later at most)
+                return 0, min(self._next_probe, now + self.probe_seconds)
+            self._next_probe = now + self.probe_seconds + self.patience  # until it fails
+            return min(wanted, 1), 0.0
 
 
 def open_transport(settings: Settings, health: RelayHealth | None = None) -> Transport:
