@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 
 import pytest
 import trustme
 from werkzeug.test import Client
 
 from mailsvc import create_app
-from mailsvc.delivery.transport import RelayUrl
+from mailsvc.delivery.transport import RelayHealth, RelayUrl
 from mailsvc.settings import SettingsError
 
 from .conftest import make_tenant
@@ -138,3 +139,30 @@ def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
         assert json.loads(bad.stdout)["relay"]["auth"].startswith("failed: 535")
     finally:
         sink.stop()
+
+
+def test_relay_down_holds_claims_back_to_one_probe_until_it_is_reached():
+    resumed: list[bool] = []
+    health = RelayHealth(
+        "smtp://relay.example:25",
+        probe_seconds=0.1,
+        patience=1.0,
+        on_reached=lambda: resumed.append(True),
+    )
+    assert health.admits(8) == (8, 0.0)  # reached: everything claimable
+    health.failed("refused")
+    wanted, ask_again = health.admits(8)
+    assert wanted == 0 and ask_again <= time.monotonic() + 0.1
+    time.sleep(0.15)
+    assert health.admits(8) == (1, 0.0)  # the probe
+    time.sleep(0.3)
+    assert health.admits(8)[0] == 0  # not another while the probe may still answer...
+    health.failed("refused")  # ...until it fails: the next one a probe's time later
+    time.sleep(0.15)
+    assert health.admits(8) == (1, 0.0)
+    time.sleep(1.2)  # this probe never answers: after the patience, another
+    assert health.admits(8) == (1, 0.0)
+    health.reached()
+    health.reached()
+    assert resumed == [True]  # the claimer is woken once, when the relay comes back
+    assert health.admits(8) == (8, 0.0)
