@@ -65,6 +65,8 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
     """The database as mailsvc left it before the index existed (migration 10), and the
     ``MAILSVC_DATABASE`` to open it with."""
     undo = [
+        "DROP INDEX emails_waiting_for_relay",  # migration 12
+        "ALTER TABLE emails DROP COLUMN waits_for_relay_since",
         "DROP INDEX recipients_by_account_address",
         "ALTER TABLE recipients DROP COLUMN account_id",
         "CREATE INDEX recipients_by_address ON recipients (address)",
@@ -90,7 +92,7 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
     with psycopg.connect(database, autocommit=True) as connection:
         for statement in undo:
             connection.execute(statement)
-        connection.execute("DELETE FROM schema_migrations WHERE version = 11")
+        connection.execute("DELETE FROM schema_migrations WHERE version IN (11, 12)")
     return database
 
 
@@ -156,3 +158,18 @@ def test_a_filtered_list_walks_the_index_without_scanning_or_sorting(
         assert f"USING COVERING INDEX {index}" in plan or f"USING INDEX {index}" in plan, plan
         assert "TEMP B-TREE" not in plan, plan  # no sort: the index gives the order
         assert "SCAN" not in plan, plan
+
+
+@pytest.mark.sqlite_only
+def test_the_emails_waiting_for_the_relay_are_found_without_a_scan_of_the_others(
+    open_test_store, database
+):
+    open_test_store().reads.count_emails_by_status()  # the schema, made at first use
+    connection = sqlite3.connect(database)
+    planning = _Planning(connection)
+    SqlVerbs(planning, DIALECT).due_again_after_outage(100.0, 500)
+    connection.close()
+    [plan] = planning.plans
+    # Only that index's rows are read: it holds no other email, whatever the store's size.
+    assert "SCAN emails USING INDEX emails_waiting_for_relay" in plan, plan
+    assert "SCAN emails |" not in plan + " |" and "TEMP B-TREE" not in plan, plan

@@ -11,10 +11,11 @@ import trustme
 from werkzeug.test import Client
 
 from mailsvc import create_app
-from mailsvc.delivery.transport import RelayHealth, RelayUrl
+from mailsvc.delivery.transport import RelayHealth, RelayUrl, SmtpRelay
 from mailsvc.settings import SettingsError
 
 from .conftest import make_tenant
+from .servers import free_port
 from .smtp_sink import SmtpSink
 from .test_delivery import post, wait_status
 
@@ -162,7 +163,35 @@ def test_relay_down_holds_claims_back_to_one_probe_until_it_is_reached():
     assert health.admits(8) == (1, 0.0)
     time.sleep(1.2)  # this probe never answers: after the patience, another
     assert health.admits(8) == (1, 0.0)
+    health.unused(1)  # it found no email to try the relay with: the next claim may probe
+    assert health.admits(8) == (1, 0.0)
+    health.unused(0)  # this one found an email: none more until it fails or the patience
+    assert health.admits(8)[0] == 0
     health.reached()
     health.reached()
     assert resumed == [True]  # the claimer is woken once, when the relay comes back
     assert health.admits(8) == (8, 0.0)
+
+
+def test_a_reply_says_whether_the_relay_was_reached():
+    # What an outage defers waits for the relay, and is due again once it is reached: only
+    # the replies of a relay that was never reached may say so.
+    def replies(url: str) -> list:
+        relay = SmtpRelay(RelayUrl.parse(url), timeout=5)
+        try:
+            return relay.send("a@verified.test", ["x@example.org", "y@example.org"], lambda _: b"")
+        finally:
+            relay.close()
+
+    refused = replies(f"smtp://127.0.0.1:{free_port()}")
+    assert [(r.code, r.reached) for r in refused] == [(None, False)] * 2
+    sink = SmtpSink(credentials=("mailer", "right")).start()
+    try:
+        login_refused = replies(f"smtp://mailer:wrong@127.0.0.1:{sink.port}")
+        assert [(r.code, r.reached) for r in login_refused] == [(None, False)] * 2
+        sink.behaviour.rcpt_replies["x@example.org"] = (451, "4.3.2 later")
+        sink.behaviour.rcpt_replies["y@example.org"] = (451, "4.3.2 later")
+        answered = replies(f"smtp://mailer:right@127.0.0.1:{sink.port}")
+        assert [(r.code, r.reached) for r in answered] == [(451, True)] * 2
+    finally:
+        sink.stop()

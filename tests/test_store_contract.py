@@ -426,3 +426,56 @@ def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
         r.address for r in many
     ]
     assert [r.kind for r in found.recipients][:2] == ["to", "cc"] and found.tags == (("n", "57"),)
+
+
+def test_emails_waiting_for_the_relay_are_made_due_once(stores):
+    store, owner = stores[0], account(stores[0])
+    sender_domain(store, owner)
+    waiting = [f"em_{number}" for number in range(30)]
+    others = ["em_refused", "em_soon", "em_leased", "em_given_up"]
+
+    def enqueue(tx: Any) -> None:
+        for email_id in waiting + others:
+            tx.enqueue_email(new_email(email_id, owner, "a@verified.test", created_at=100.0))
+
+    store.write(enqueue)
+    seqs = {e.id: e.seq for e in store.write(lambda tx: tx.claim_due("me", 200.0, 60.0, 100))}
+    assert len(seqs) == 34
+    outcomes = {email_id: ("deferred", 3800.0, True) for email_id in waiting} | {
+        "em_refused": ("deferred", 3800.0, False),  # the relay answered 4xx: its retry stands
+        "em_soon": ("deferred", 250.0, True),  # due before the relay is back: stays so
+        "em_leased": ("deferred", 210.0, True),  # leased again when the relay is back
+        "em_given_up": ("failed", None, True),  # final: waits for nothing
+    }
+
+    def finish(tx: Any) -> None:
+        for email_id, (status, due_at, unreached) in outcomes.items():
+            assert tx.finish_attempt(
+                seqs[email_id], "me", status, [], 200.0, due_at, "refused", 0, unreached
+            )
+
+    store.write(finish)
+    [leased] = store.write(lambda tx: tx.claim_due("me", 215.0, 60.0, 100))
+    assert leased.id == "em_leased"
+
+    def due_again(s: Store, _: int) -> int:
+        total = 0
+        while (made := s.write(lambda tx: tx.due_again_after_outage(300.0, 4))) == 4:
+            total += made
+        return total + made
+
+    assert sum(race(stores, due_again)) == 31, "an email made due twice, or left waiting"
+    due = {email_id: store.reads.get_email(owner, email_id).due_at for email_id in seqs}
+    assert {due[email_id] for email_id in waiting} == {300.0}
+    assert (due["em_refused"], due["em_soon"], due["em_given_up"]) == (3800.0, 250.0, None)
+    assert store.reads.get_email(owner, "em_leased").status == "sending"
+    assert store.write(lambda tx: tx.due_again_after_outage(300.0, 100)) == 0
+    # Its attempt did not reach the relay either: it waits, and goes at the next end of one.
+    store.write(
+        lambda tx: tx.finish_attempt(
+            leased.seq, "me", "deferred", [], 220.0, 900.0, "refused", 0, True
+        )
+    )
+    assert store.write(lambda tx: tx.due_again_after_outage(400.0, 100)) == 1
+    assert store.reads.get_email(owner, "em_leased").due_at == 400.0
+    assert store.write(lambda tx: tx.claim_due("me", 300.0, 60.0, 100)) != []

@@ -80,6 +80,9 @@ class LeasedPool(Generic[Item]):
         be down), and when none, the monotonic time to ask again."""
         return wanted, 0.0
 
+    def unclaimed(self, count: int) -> None:
+        """``count`` of the pieces :meth:`admits` let through were not there to claim."""
+
     def key(self, item: Item) -> int:
         """The piece's sequence number, by which its lease is renewed or given back."""
         raise NotImplementedError
@@ -201,6 +204,8 @@ class LeasedPool(Generic[Item]):
             except Exception:
                 log.exception("%s: claiming failed; trying again at the next poll", self.name)
                 batch = []
+            if len(batch) < wanted:
+                self.unclaimed(wanted - len(batch))
             if batch and not self._running:
                 self._give_back(batch)
                 return

@@ -5,7 +5,9 @@ sender thread sends to the recipients still pending through its own transport (s
 connection is reused from one message to the next) and records the outcome, with its events
 and webhook events, in one job, if the process still holds the lease. Where the store announces
 new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the claimer the moment another
-host queues some; polling stays for retries and lost notices.
+host queues some; polling stays for retries and lost notices. An email deferred because the
+relay could not be reached waits for it: when the relay is reached again, the claims make such
+emails due at once (see :class:`.transport.RelayHealth`).
 
 Before it sends, a sender leaves out the recipients the account has suppressed since the email
 was accepted (their credit goes back). With a return-path domain, each recipient gets an
@@ -35,6 +37,10 @@ from .outcome import Decision, RetryPolicy, decide, recipient_outcome
 from .transport import RelayHealth, RelayUrl, Reply, Transport, open_transport
 
 log = logging.getLogger("mailsvc.delivery")
+
+#: Emails made due again in one claim once the relay is reached after an outage (the rest in
+#: the claims after it), so that no claim holds the store's write lock for long.
+DUE_AGAIN_AT_ONCE = 500
 
 
 @dataclass(frozen=True)
@@ -95,8 +101,11 @@ class DeliveryPool(LeasedPool[Claimed]):
             settings.smtp_url,
             probe_seconds=settings.poll_seconds,
             patience=settings.smtp_timeout_seconds,
-            on_reached=self.resume,
+            on_reached=self._relay_reached,
         )
+        #: Outages this process has seen end, and those whose waiting emails it has made due.
+        self._outages_ended = 0
+        self._outages_done = 0
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
@@ -114,8 +123,17 @@ class DeliveryPool(LeasedPool[Claimed]):
 
     # -- leased work -------------------------------------------------------------------------
 
+    def _relay_reached(self) -> None:
+        """The relay is back: the emails an outage deferred go out now, with what it held back."""
+        self._outages_ended += 1
+        self.resume()
+
     def claim(self, tx: Writes, wanted: int) -> tuple[list[Claimed], float | None]:
-        emails = tx.claim_due(self.owner, self.clock(), self.lease_seconds, wanted)
+        now = self.clock()
+        ended, more = self._outages_ended, False
+        if ended > self._outages_done:
+            more = tx.due_again_after_outage(now, DUE_AGAIN_AT_ONCE) == DUE_AGAIN_AT_ONCE
+        emails = tx.claim_due(self.owner, now, self.lease_seconds, wanted)
         next_due = tx.next_due_at() if len(emails) < wanted else None
         keys: dict[tuple[str, str], SigningKey | None] = {}
         with_files = [email.seq for email in emails if email.attachments]
@@ -143,10 +161,15 @@ class DeliveryPool(LeasedPool[Claimed]):
                     subscribed[email.account_id],
                 )
             )
+        if not more:  # (set last: a job that fails here leaves the outage to the next claim)
+            self._outages_done = max(self._outages_done, ended)
         return batch, next_due
 
     def admits(self, wanted: int) -> tuple[int, float]:
         return self.relay_health.admits(wanted)
+
+    def unclaimed(self, count: int) -> None:
+        self.relay_health.unused(count)
 
     def key(self, item: Claimed) -> int:
         return item.email.seq
@@ -204,6 +227,7 @@ class DeliveryPool(LeasedPool[Claimed]):
                 decision.due_at,
                 decision.last_error,
                 refunded,
+                relay_unreached=bool(replies) and not any(reply.reached for reply in replies),
             )
             if kept:
                 for address, detail in hard_bounces:

@@ -37,6 +37,9 @@ _IDLE_CHECK_SECONDS = 5.0
 class Reply:
     code: int | None
     text: str
+    #: False when the relay itself could not be reached (refused, timed out, TLS or login
+    #: refused): nothing was asked of it for this message.
+    reached: bool = True
 
     @property
     def enhanced_code(self) -> str | None:
@@ -149,6 +152,15 @@ class RelayHealth:
             self._next_probe = now + self.probe_seconds + self.patience  # until it fails
             return min(wanted, 1), 0.0
 
+    def unused(self, count: int) -> None:
+        """``count`` of what :meth:`admits` let through found no email to claim. A probe that
+        found none did not try the relay: the next claim may probe (else mail queued after an
+        idle spell would wait for the patience, not the relay)."""
+        if count > 0:
+            with self._lock:
+                if self._failing_since is not None:
+                    self._next_probe = min(self._next_probe, time.monotonic())
+
 
 def open_transport(settings: Settings, health: RelayHealth | None = None) -> Transport:
     """A new transport for one delivery thread, as the settings say."""
@@ -247,14 +259,14 @@ class SmtpRelay:
             if phase == "connecting":
                 # TLS or AUTH refused: the relay's set-up, not the message; as Postfix, defer.
                 reason = f"connecting: {exc.smtp_code} {_text(exc.smtp_error)}"
-                return [Reply(None, reason)] * len(recipients)
+                return [Reply(None, reason, reached=False)] * len(recipients)
             # DATA refused before the message was sent (no 354).
             failure = Reply(exc.smtp_code, _text(exc.smtp_error))
             return [failure if r is None or r.code in (250, 251) else r for r in replies]
         except (OSError, smtplib.SMTPException) as exc:
             # No reply: refused, timed out, or lost, even after the end of DATA.
             self._drop()
-            failure = Reply(None, f"{phase}: {_describe(exc)}")
+            failure = Reply(None, f"{phase}: {_describe(exc)}", reached=phase != "connecting")
             return [
                 failure if r is None or (phase == "DATA" and r.code in (250, 251)) else r
                 for r in replies

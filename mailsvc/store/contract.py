@@ -363,10 +363,20 @@ class Writes(Reads, Protocol):
         due_at: float | None,
         last_error: str | None,
         refunded: int = 0,
+        relay_unreached: bool = False,
     ) -> bool:
         """Record an attempt's outcome, and its events, only if ``owner`` still holds the lease
         (checked and written in one update). False, and nothing written, when it lost it.
-        ``refunded`` credit (recipients suppressed since acceptance) goes back to the account."""
+        ``refunded`` credit (recipients suppressed since acceptance) goes back to the account.
+        An email deferred by an attempt that could not reach the relay (``relay_unreached``)
+        waits for the relay (see :meth:`due_again_after_outage`); any other outcome ends that."""
+        ...
+
+    def due_again_after_outage(self, now: float, limit: int) -> int:
+        """Make up to ``limit`` of the emails that wait for the relay due by ``now`` (their
+        retry, if sooner, stands), and end their wait; how many ended it. Called when a
+        process reaches the relay again, until it returns less than ``limit``. Emails leased
+        meanwhile are left out: their attempt says what comes next."""
         ...
 
     def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:

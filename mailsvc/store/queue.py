@@ -257,14 +257,18 @@ class QueueVerbs(HistoryVerbs):
         due_at: float | None,
         last_error: str | None,
         refunded: int = 0,
+        relay_unreached: bool = False,
     ) -> bool:
         """:param recipients: ``(position, outcome)`` of each recipient the attempt tried.
         :param due_at: when to try again; None when the email is final.
         :param refunded: credit given back (recipients suppressed since the email was accepted).
+        :param relay_unreached: the attempt could not reach the relay at all.
         """
+        waits = now if relay_unreached and due_at is not None else None
         cursor = self.connection.execute(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
-            "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END "
+            "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END, "
+            "waits_for_relay_since = ? "
             "WHERE seq = ? AND lease_owner = ? RETURNING attempts, account_id",
             (
                 status,
@@ -275,6 +279,7 @@ class QueueVerbs(HistoryVerbs):
                 statuses.SENT,
                 statuses.PARTIALLY_SENT,
                 now,
+                waits,
                 seq,
                 owner,
             ),
@@ -310,6 +315,18 @@ class QueueVerbs(HistoryVerbs):
             ],
         )
         return True
+
+    def due_again_after_outage(self, now: float, limit: int) -> int:
+        # The partial index holds only the emails that wait for the relay: no scan at any size.
+        cursor = self.connection.execute(
+            f"UPDATE emails SET waits_for_relay_since = NULL, due_at = CASE "
+            f"WHEN status = ? AND due_at IS NOT NULL THEN {self.dialect.least}(due_at, ?) "
+            f"ELSE due_at END "
+            f"WHERE seq IN (SELECT seq FROM emails WHERE waits_for_relay_since IS NOT NULL "
+            f"AND lease_owner IS NULL LIMIT ?{self.dialect.skip_locked})",
+            (statuses.DEFERRED, now, limit),
+        )
+        return cursor.rowcount
 
     def renew_leases(self, owner: str, seqs: Sequence[int], until: float) -> int:
         if not seqs:
