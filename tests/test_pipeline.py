@@ -85,13 +85,17 @@ def test_unauthenticated_requests_cost_less_cpu_than_authenticated_reads(client,
             assert client.get("/v1/account", headers=tenant.headers).status_code == 200
 
     unauthenticated(), authenticated()  # warm both up
-    spent = {"unauthenticated": 0.0, "authenticated": 0.0}
-    for _ in range(3):
+    # The CPU of this thread, where the test client runs the app: a read's token is taken by
+    # the store's writer thread, which is left out (so reads look cheaper than they are), and
+    # so is whatever else the process runs meanwhile. The best of interleaved rounds, as a
+    # garbage collection or a stall counts against one round, not one kind.
+    spent: dict[str, list[float]] = {"unauthenticated": [], "authenticated": []}
+    for _ in range(5):
         for kind, run in (("unauthenticated", unauthenticated), ("authenticated", authenticated)):
-            started = time.process_time()
+            started = time.thread_time()
             run()
-            spent[kind] += time.process_time() - started
-    assert spent["unauthenticated"] < spent["authenticated"], spent
+            spent[kind].append(time.thread_time() - started)
+    assert min(spent["unauthenticated"]) < min(spent["authenticated"]), spent
 
 
 def test_a_render_at_its_cpu_limit_holds_up_no_other_account(config, clock):
