@@ -31,7 +31,7 @@ from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 from werkzeug.wsgi import ClosingIterator
 
-from . import access, idempotency, metrics
+from . import access, idempotency, metrics, template_cpu
 from .api.operations import Text
 from .auth import Principal, authenticate, check_bearer, read_token, require_scope
 from .changes import Change
@@ -134,8 +134,11 @@ class MailService:
             return self._public(request, endpoint)
         admission = self._admit(request, endpoint, self.clock())
         try:
-            response = self._respond(request, endpoint, matched, admission)
+            with template_cpu.metering(admission.template_cpu):
+                response = self._respond(request, endpoint, matched, admission)
         except RateLimited:
+            # No token, but the CPU its templates spent is charged all the same.
+            self.services.limiter.charge_alone(self.store, admission)
             raise
         except (ServiceError, HTTPException) as exc:
             # A refused request counts against the rate limit too: its token is taken, and

@@ -136,16 +136,22 @@ def _parser() -> argparse.ArgumentParser:
         verbs,
         "set",
         lambda db, a: operator.set_limit(db, a.account, a.group, a.per_minute),
-        "set an account's own rate limit for a route group",
+        "set an account's own rate limit for a route group, or its template CPU time",
     )
     sub.add_argument("--account", required=True, help=ACCOUNT)
     sub.add_argument(
         "--group",
         required=True,
-        choices=("send", "list", "other"),
-        help="send: POST /v1/emails...; list: GET /v1/emails...; other: the rest",
+        choices=("send", "list", "other", "template_cpu_ms"),
+        help="send: POST /v1/emails...; list: GET /v1/emails...; other: the rest; "
+        "template_cpu_ms: the CPU time of its template renders",
     )
-    sub.add_argument("--per-minute", type=int, required=True, help="requests a minute")
+    sub.add_argument(
+        "--per-minute",
+        type=int,
+        required=True,
+        help="requests a minute (template_cpu_ms: milliseconds of CPU a minute)",
+    )
 
     verbs = noun("suppressions", "addresses an account no longer sends to")
     sub = command(

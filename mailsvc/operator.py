@@ -28,9 +28,13 @@ from .ratelimit import ROUTE_GROUPS
 from .services import Services
 from .settings import SETTINGS, Settings, load_settings, unknown_variables
 from .store import POSTGRES_SCHEMES, Domain, DomainTaken, Reads, Store, StoreUnavailable, Writes
+from .template_cpu import GROUP as TEMPLATE_CPU
 from .timestamps import iso_time
 
 log = logging.getLogger("mailsvc.operator")
+
+#: What `limits set` sets: requests a minute by route group, and template CPU ms a minute.
+LIMITS = (*ROUTE_GROUPS, TEMPLATE_CPU)
 
 
 class OperatorError(Exception):
@@ -194,8 +198,8 @@ def _one_domain(reads: Reads, domain: str, account_id: str | None) -> Domain:
 
 
 def set_limit(store: Store, account_id: str, group: str, per_minute: int) -> dict[str, Any]:
-    if group not in ROUTE_GROUPS:
-        raise OperatorError(f"--group: must be one of {', '.join(ROUTE_GROUPS)}")
+    if group not in LIMITS:
+        raise OperatorError(f"--group: must be one of {', '.join(LIMITS)}")
     if per_minute < 1:
         raise OperatorError("--per-minute: must be at least 1")
 

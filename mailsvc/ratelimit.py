@@ -19,10 +19,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import template_cpu
 from .auth import Principal
 from .errors import RateLimited
 from .store import Caller, Reads, Store, TokenExhausted, Writes
 from .store.keys import LAST_USED_PRECISION_SECONDS
+from .template_cpu import Meter
 
 SEND = "send"
 LIST = "list"
@@ -38,6 +40,9 @@ class Admission:
     group: str
     per_minute: int
     now: float
+    #: The template CPU time of the request's renders (:mod:`.template_cpu`), charged with
+    #: its token.
+    template_cpu: Meter
     #: The bucket's tokens as the request found them (before its own).
     tokens: float = 0.0
     taken: bool = False
@@ -53,7 +58,8 @@ class RateLimiter:
         self.defaults = dict(defaults)
 
     def limits_for(self, reads: Reads, account_id: str) -> dict[str, int]:
-        """Requests per minute by route group, the account's own where it has one."""
+        """Requests per minute by route group, and template CPU ms per minute, the account's
+        own where it has one."""
         return {**self.defaults, **reads.get_rate_limits(account_id)}
 
     def admit(self, caller: Caller, principal: Principal, group: str, now: float) -> Admission:
@@ -65,7 +71,8 @@ class RateLimiter:
         tokens = _tokens_at(caller, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)
-        return Admission(principal, group, per_minute, now, tokens)
+        meter = Meter(principal.account_id, self.defaults[template_cpu.GROUP], now)
+        return Admission(principal, group, per_minute, now, meter, tokens)
 
     def headers(self, admission: Admission) -> dict[str, str]:
         """``RateLimit-Limit``, ``-Remaining`` and ``-Reset`` of an answer (the bucket as this
@@ -83,6 +90,7 @@ class RateLimiter:
         if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
             tx.touch_api_key(principal.key_id, now)
         tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
+        template_cpu.charge(tx, admission.template_cpu)
 
     def take_alone(self, store: Store, admission: Admission) -> None:
         """Take the token in a transaction of its own, one that need not wait for the disk.
@@ -93,8 +101,17 @@ class RateLimiter:
             try:
                 store.write(lambda tx: self.take(tx, admission), durable=False)
             except TokenExhausted:
+                self.charge_alone(store, admission)
                 raise self.refusal(store.reads, admission) from None
             admission.taken = True
+
+    def charge_alone(self, store: Store, admission: Admission) -> None:
+        """Charge the template CPU time of a request that takes no token (a 429): spent is
+        spent."""
+        meter = admission.template_cpu
+        if not admission.taken and not meter.charged and meter.spent_ms > 0:
+            store.write(lambda tx: template_cpu.charge(tx, meter), durable=False)
+            meter.charged = True
 
     def refusal(self, reads: Reads, admission: Admission) -> RateLimited:
         """The 429 of a request that lost the last token to another: when one is back."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import template_cpu
 from .keyring import Keyring
 from .large_bodies import LargeBodies
 from .mail.dns import DnsChecker
@@ -51,6 +52,7 @@ def build_services(settings: Settings, clock: Callable[[], float], store: Store)
             "send": settings.rate_send_per_minute,
             "list": settings.rate_list_per_minute,
             "other": settings.rate_other_per_minute,
+            template_cpu.GROUP: settings.template_cpu_ms_per_minute,
         }
     )
     dns = DnsChecker(settings.dns_servers, settings.dns_timeout_seconds)

@@ -291,6 +291,15 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "template_cpu_ms_per_minute",
+        20_000,
+        "CPU time all of an account's template renders may take in a minute, on every worker "
+        "and host together (a bucket in the store that holds at most a minute's worth); once "
+        "it is spent, a render is refused with 429 until it refills. An account's own: "
+        "`mailsvc limits set --group template_cpu_ms`.",
+        _positive_int,
+    ),
+    Setting(
         "template_cache_bytes",
         16_000_000,
         "Memory each worker process may keep compiled templates in (an estimate: twice the "

@@ -479,3 +479,19 @@ def test_emails_waiting_for_the_relay_are_made_due_once(stores):
     assert store.write(lambda tx: tx.due_again_after_outage(400.0, 100)) == 1
     assert store.reads.get_email(owner, "em_leased").due_at == 400.0
     assert store.write(lambda tx: tx.claim_due("me", 300.0, 60.0, 100)) != []
+
+
+def test_charges_to_a_bucket_all_count_and_never_leave_it_below_empty(stores):
+    account(stores[0], name="acc_1")
+    race(
+        stores,
+        lambda s, _: s.write(lambda tx: tx.charge_bucket("acc_1", "cpu", 2.5, 1000, 500.0)),
+        rounds=10,
+    )
+    assert stores[0].reads.get_bucket("acc_1", "cpu") == (None, (1000 - RACERS * 10 * 2.5, 500.0))
+    # Six seconds refill 100 (1000 a minute): 900 left, and a charge of 950 leaves it empty.
+    stores[1].write(lambda tx: tx.charge_bucket("acc_1", "cpu", 950.0, 1000, 506.0))
+    assert stores[0].reads.get_bucket("acc_1", "cpu") == (None, (0.0, 506.0))
+    stores[1].write(lambda tx: tx.set_rate_limit("acc_1", "cpu", 3000))
+    assert stores[0].reads.get_bucket("acc_1", "cpu")[0] == 3000
+    assert stores[0].reads.get_bucket("acc_2", "cpu") == (None, None)  # never used: full

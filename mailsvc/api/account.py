@@ -1,11 +1,14 @@
-"""The account endpoint: who the caller is, its credit and its rate limits."""
+"""The account endpoint: who the caller is, its credit, its rate limits and its template CPU
+time a minute."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from .. import template_cpu
 from ..auth import Principal
 from ..errors import NotFound
+from ..ratelimit import ROUTE_GROUPS
 from ..services import Services
 from ..store import Reads
 
@@ -18,5 +21,12 @@ def get_account(view: Reads, principal: Principal, services: Services) -> dict[s
         "id": account.id,
         "name": account.name,
         "credits": account.credits,
-        "limits": services.limiter.limits_for(view, account.id),
+        "limits": _limits(services.limiter.limits_for(view, account.id)),
     }
+
+
+def _limits(limits: dict[str, int]) -> dict[str, int]:
+    """Requests a minute by route group, and the template CPU milliseconds a minute."""
+    shown = {group: limits[group] for group in ROUTE_GROUPS}
+    shown["templateCpuMs"] = limits[template_cpu.GROUP]
+    return shown

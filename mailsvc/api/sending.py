@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from .. import statuses
+from .. import statuses, template_cpu
 from ..auth import Principal
 from ..errors import Forbidden, ValidationFailed
 from ..ids import new_id
@@ -225,13 +225,15 @@ def _render_template(
     template = reads.get_template(account_id, request.template_id or "")
     if template is None:
         raise ValidationFailed(f"templateId: template {request.template_id} not found")
-    rendered = render(
-        template.subject,
-        template.html,
-        template.text,
-        request.variables or {},
-        services.template_limits,
-    )
+    with template_cpu.metered(reads) as account_cpu_ms:
+        rendered = render(
+            template.subject,
+            template.html,
+            template.text,
+            request.variables or {},
+            services.template_limits,
+            account_cpu_ms,
+        )
     subject = rendered.subject if rendered.subject is not None else request.subject
     if any(character in subject for character in "\r\n\x00"):
         raise ValidationFailed("subject: the rendered subject must not contain CR, LF or NUL")

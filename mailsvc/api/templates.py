@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
+from .. import template_cpu
 from ..auth import Principal
 from ..changes import Change
 from ..errors import NotFound
@@ -146,13 +147,15 @@ def render_template(
     """What a send with this template and these variables would deliver; nothing is sent and
     nothing is written (but an ``Idempotency-Key``, when given)."""
     template = _find(reads, principal, template_id)
-    rendered = render(
-        template.subject,
-        template.html,
-        template.text,
-        body.get("variables", {}),
-        services.template_limits,
-    )
+    with template_cpu.metered(reads) as account_cpu_ms:
+        rendered = render(
+            template.subject,
+            template.html,
+            template.text,
+            body.get("variables", {}),
+            services.template_limits,
+            account_cpu_ms,
+        )
     answer = {
         "subject": rendered.subject if template.subject is not None else body.get("subject"),
         "html": rendered.html,

@@ -24,6 +24,11 @@ class RenderLimit(Exception):
     """A render went over one of its limits; the message names it."""
 
 
+class AccountCpuSpent(Exception):
+    """A render used what was left of its account's template CPU time (a 429, not the
+    template's fault: :mod:`mailsvc.template_cpu`)."""
+
+
 @dataclass
 class Budget:
     """What one render may still spend: CPU time (``time.thread_time`` deadline) and text."""
@@ -33,10 +38,16 @@ class Budget:
     chars_left: int
     chars_limit: int
     next_yield: float = 0.0
+    #: The deadline is what the account had left, sooner than the render's own limit.
+    account_bound: bool = False
+    #: When the render began (``time.thread_time``).
+    started: float = 0.0
 
     def tick(self) -> None:
         now = time.thread_time()
         if now > self.cpu_deadline:
+            if self.account_bound:
+                raise AccountCpuSpent()
             raise RenderLimit(
                 f"the template used more than {self.cpu_limit_ms} ms of CPU "
                 f"(MAILSVC_TEMPLATE_RENDER_CPU_MS)"
@@ -46,7 +57,7 @@ class Budget:
             # up and must get it back, and would otherwise wait for the switch interval (5 ms)
             # every time, so one busy render would slow every other request of its worker (and
             # its writer, which holds the store's write lock while it waits).
-            spent = now - self.cpu_deadline + self.cpu_limit_ms / 1000
+            spent = now - self.started
             heavy = spent > HEAVY_AFTER_SECONDS
             self.next_yield = now + (HEAVY_YIELD_EVERY_SECONDS if heavy else YIELD_EVERY_SECONDS)
             time.sleep(0)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationFailed
-from .budget import Budget, RenderLimit
+from .budget import AccountCpuSpent, Budget, RenderLimit
 
 if TYPE_CHECKING:
     from jinja2 import nodes
@@ -90,15 +90,26 @@ def render(
     text: str | None,
     variables: dict[str, Any],
     limits: TemplateLimits,
+    account_cpu_ms: float | None = None,
 ) -> Rendered:
-    """Render each part that is given, all of them within one render's CPU time.
+    """Render each part that is given, all of them within one render's CPU time, and within
+    ``account_cpu_ms`` when that is less (what the account has left).
 
     :raises ValidationFailed: a variable is missing (named), a limit is reached (named), or a
         part cannot be rendered.
+    :raises AccountCpuSpent: the render used ``account_cpu_ms``.
     """
     chars = WORKING_TEXT_FACTOR * limits.max_output_chars
+    account_bound = account_cpu_ms is not None and account_cpu_ms < limits.render_cpu_ms
+    allowed_ms = account_cpu_ms if account_bound and account_cpu_ms else limits.render_cpu_ms
+    started = time.thread_time()
     budget = Budget(
-        time.thread_time() + limits.render_cpu_ms / 1000, limits.render_cpu_ms, chars, chars
+        started + allowed_ms / 1000,
+        limits.render_cpu_ms,
+        chars,
+        chars,
+        account_bound=account_bound,
+        started=started,
     )
     out: dict[str, str | None] = {}
     for part, source in (("subject", subject), ("html", html), ("text", text)):
@@ -138,7 +149,7 @@ def _render_part(
 
     try:
         return str(run_with(budget, stream))
-    except ValidationFailed:
+    except (ValidationFailed, AccountCpuSpent):
         raise
     except RenderLimit as exc:
         raise ValidationFailed(f"{part}: {exc}") from None

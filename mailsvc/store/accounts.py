@@ -17,6 +17,7 @@ class AccountVerbs:
     connection: Connection
     dialect: Dialect
     contended: Callable[[Contended], None]
+    run: Callable[..., None]
 
     # -- accounts and credit -------------------------------------------------------------
 
@@ -76,6 +77,45 @@ class AccountVerbs:
             (account_id,),
         )
         return {group: per_minute for group, per_minute in rows}
+
+    def get_bucket(
+        self, account_id: str, route_group: str
+    ) -> tuple[int | None, tuple[float, float] | None]:
+        row = self.connection.execute(
+            "SELECT (SELECT per_minute FROM account_limits WHERE account_id = ? "
+            "AND route_group = ?), tokens, updated_at FROM (SELECT 1) AS one "
+            "LEFT JOIN rate_buckets ON account_id = ? AND route_group = ?",
+            (account_id, route_group, account_id, route_group),
+        ).fetchone()
+        own = None if row[0] is None else int(row[0])
+        return own, (None if row[1] is None else (float(row[1]), float(row[2])))
+
+    def charge_bucket(
+        self, account_id: str, route_group: str, amount: float, per_minute: int, now: float
+    ) -> None:
+        # What was spent is charged whatever is left: the bucket is refilled to ``now`` and
+        # ``amount`` taken, down to empty (never below: the CHECK holds), in one upsert.
+        least, greatest = self.dialect.least, self.dialect.greatest
+        refill = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
+        capacity = float(per_minute)
+        self.run(
+            f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
+            f"VALUES (?, ?, {greatest}(0, ? - ?), ?) ON CONFLICT (account_id, route_group) DO "
+            f"UPDATE SET tokens = {greatest}(0, {refill} - ?), "
+            f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
+            (
+                account_id,
+                route_group,
+                capacity,
+                amount,
+                now,
+                capacity,
+                now,
+                capacity / 60,
+                amount,
+                now,
+            ),
+        )
 
     def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
         # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The

@@ -94,6 +94,13 @@ class Reads(Protocol):
         """The account's own requests-per-minute, by route group (only those it has)."""
         ...
 
+    def get_bucket(
+        self, account_id: str, route_group: str
+    ) -> tuple[int | None, tuple[float, float] | None]:
+        """The account's own per-minute limit for the bucket (None: the default's), and the
+        bucket as it was last left, ``(tokens, updated_at)`` (None: never used, so full)."""
+        ...
+
     # -- domains ------------------------------------------------------------------------
 
     def get_domain(self, account_id: str, domain_id: str) -> Domain | None: ...
@@ -228,6 +235,15 @@ class Writes(Reads, Protocol):
         ...
 
     def set_rate_limit(self, account_id: str, route_group: str, per_minute: int) -> None: ...
+
+    def charge_bucket(
+        self, account_id: str, route_group: str, amount: float, per_minute: int, now: float
+    ) -> None:
+        """Refill the account's bucket (at most ``per_minute``, ``per_minute / 60`` a second)
+        up to ``now`` and take ``amount`` from it, leaving it empty when it holds less: for
+        what was spent already (template CPU time), which a refusal cannot undo. One
+        statement: charges from every worker and host add up, none is lost."""
+        ...
 
     def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
         """Refill the account's bucket for the group up to ``now`` and take one token, in one

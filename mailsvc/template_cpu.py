@@ -1,0 +1,103 @@
+"""Each account's template CPU time per minute, shared by every worker and host.
+
+One render is bounded by ``MAILSVC_TEMPLATE_RENDER_CPU_MS``; an account's renders together are
+bounded by ``MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE`` (or the account's own, ``mailsvc limits set
+--group template_cpu_ms``): a token bucket of milliseconds kept in the store beside the rate
+limits' buckets, holding at most a minute's worth. Without it a batch of 100 templated emails
+could take 100 renders' limits of CPU in one request, and an account could spend as many every
+minute as its rate limit lets it ask.
+
+A request reads the bucket once, at its first render (a send without a template never does),
+and a render may use no more than is left: it is stopped there, and the request refused with a
+429. What the renders spent is charged, whatever the answer, in the transaction that takes the
+request's rate-limit token (or, if none is taken, one of its own): no write is added. Requests
+under way at once may each spend what they found left, so an account can overrun its bucket by
+at most one render limit per request in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from .errors import RateLimited
+from .mail.budget import AccountCpuSpent
+from .store import Reads, Writes
+
+#: The bucket's name among the rate limits' (``account_limits`` and ``rate_buckets``).
+GROUP = "template_cpu_ms"
+
+
+@dataclass
+class Meter:
+    """The template CPU of one request: the account's bucket, read at its first render, and
+    what its renders have spent (ms)."""
+
+    account_id: str
+    per_minute: int
+    now: float
+    left_ms: float | None = None
+    spent_ms: float = 0.0
+    #: Charged in a transaction of its own (the request took no token).
+    charged: bool = False
+
+    def refusal(self) -> RateLimited:
+        # The bucket is never charged below empty: some is back as soon as it refills at all.
+        return RateLimited(
+            f"template CPU: this account's templates have used their {self.per_minute} ms of "
+            f"CPU time a minute (MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE); retry later",
+            60.0 / self.per_minute,
+        )
+
+
+_CURRENT: ContextVar[Meter | None] = ContextVar("mailsvc_template_cpu", default=None)
+
+
+@contextmanager
+def metering(meter: Meter) -> Iterator[Meter]:
+    """The renders of this thread, while in the block, draw on ``meter``."""
+    token = _CURRENT.set(meter)
+    try:
+        yield meter
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextmanager
+def metered(reads: Reads) -> Iterator[float | None]:
+    """Around one render: the milliseconds it may use of the account's bucket (None: no
+    request is metered, as for the operator), and what it used charged to the request.
+
+    :raises RateLimited: nothing is left, before the render or during it.
+    """
+    meter = _CURRENT.get()
+    if meter is None:
+        yield None
+        return
+    if meter.left_ms is None:
+        own, bucket = reads.get_bucket(meter.account_id, GROUP)
+        meter.per_minute = own or meter.per_minute
+        tokens, updated_at = bucket or (float(meter.per_minute), meter.now)
+        refill = max(0.0, meter.now - updated_at) * meter.per_minute / 60.0
+        meter.left_ms = min(float(meter.per_minute), tokens + refill)
+    left = meter.left_ms - meter.spent_ms
+    if left <= 0:
+        raise meter.refusal()
+    started, stopped = time.thread_time(), False
+    try:
+        yield left
+    except AccountCpuSpent:
+        stopped = True
+    finally:
+        meter.spent_ms += (time.thread_time() - started) * 1000
+    if stopped:
+        raise meter.refusal()
+
+
+def charge(tx: Writes, meter: Meter) -> None:
+    """Charge what the request's renders spent (nothing, when they spent nothing)."""
+    if meter.spent_ms > 0 and not meter.charged:
+        tx.charge_bucket(meter.account_id, GROUP, meter.spent_ms, meter.per_minute, meter.now)

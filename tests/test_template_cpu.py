@@ -1,0 +1,118 @@
+"""Each account's template CPU time a minute (mailsvc/template_cpu.py): a bucket of milliseconds
+in the store, drawn on by every render of the account, on every worker and host, and by no
+other account. The clock is frozen, so that no bucket refills unless a test moves it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from werkzeug.test import Client
+
+from mailsvc import create_app, operator
+from mailsvc.template_cpu import GROUP
+
+from .conftest import assert_error, email_body, make_tenant
+from .test_pipeline import SPIN
+
+RENDER_MS = 100  # MAILSVC_TEMPLATE_RENDER_CPU_MS in these tests
+
+
+class Frozen:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def template(client: Client, tenant, text: str) -> str:
+    made = client.post("/v1/templates", json={"name": "t", "text": text}, headers=tenant.headers)
+    assert made.status_code == 201, made.get_json()
+    return made.get_json()["id"]
+
+
+def send(client: Client, tenant, template_id: str, **fields: Any):
+    body = email_body(template_id=template_id, text=None, **fields)
+    return client.post("/v1/emails", json=body, headers=tenant.headers)
+
+
+def tokens_left(app, tenant) -> float:
+    _, bucket = app.store.reads.get_bucket(tenant.id, GROUP)
+    assert bucket is not None, "the bucket was never charged"
+    return bucket[0]
+
+
+def emails_of(client: Client, tenant) -> list[dict[str, Any]]:
+    return client.get("/v1/emails", headers=tenant.headers).get_json()["data"]
+
+
+def test_an_account_that_used_its_template_cpu_is_refused_until_it_refills(config):
+    config.update(template_render_cpu_ms=RENDER_MS, template_cpu_ms_per_minute=250)
+    clock = Frozen()
+    app = create_app(config, clock=clock)
+    spinner, other = make_tenant(app), make_tenant(app, domain="other.test")
+    client = Client(app)
+    spin = template(client, spinner, SPIN)
+    answers = [send(client, spinner, spin) for _ in range(4)]
+    # Two renders stop at their own limit (a 400 of the template's), the third at what the
+    # account had left, the fourth before it begins.
+    assert [answer.status_code for answer in answers] == [400, 400, 429, 429]
+    assert_error(answers[0], 400, f"more than {RENDER_MS} ms of CPU")
+    for refused in answers[2:]:
+        assert_error(refused, 429, "template CPU", "250 ms", "MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE")
+        assert int(refused.headers["Retry-After"]) >= 1
+    assert tokens_left(app, spinner) == 0.0  # everything it used is charged, refused or not
+    assert emails_of(client, spinner) == []
+    preview = client.post(
+        f"/v1/templates/{spin}/render", json={"variables": {}}, headers=spinner.headers
+    )
+    assert_error(preview, 429, "MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE")
+    # A send without a template, and another account's templates, go on as before.
+    assert client.post("/v1/emails", json=email_body(), headers=spinner.headers).status_code == 200
+    hello = template(client, other, "Hello {{ name }}")
+    greeted = send(client, other, hello, variables={"name": "Ann"}, from_="a@other.test")
+    assert greeted.status_code == 200, greeted.get_json()
+    # A minute later the bucket is full again: the template meets its own limit, not the
+    # account's.
+    clock.now += 60
+    assert_error(send(client, spinner, spin), 400, f"more than {RENDER_MS} ms of CPU")
+
+
+def test_what_a_render_uses_is_charged_to_its_account(config):
+    config.update(template_render_cpu_ms=RENDER_MS, template_cpu_ms_per_minute=10_000)
+    app = create_app(config, clock=Frozen())
+    tenant, client = make_tenant(app), Client(app)
+    cheap = template(client, tenant, "Hello {{ name }}")
+    assert send(client, tenant, cheap, variables={"name": "Ann"}).status_code == 200
+    cheap_cost = 10_000 - tokens_left(app, tenant)  # charged with the email's own write
+    assert 0 < cheap_cost < 20, cheap_cost
+    spin = template(client, tenant, SPIN)
+    assert send(client, tenant, spin).status_code == 400
+    spin_cost = 10_000 - cheap_cost - tokens_left(app, tenant)
+    assert RENDER_MS <= spin_cost < RENDER_MS + 50, spin_cost
+    assert [email["status"] for email in emails_of(client, tenant)] == ["queued"]
+
+
+def test_a_batch_of_templates_stops_at_the_accounts_cpu_and_queues_nothing(config):
+    config.update(template_render_cpu_ms=RENDER_MS, template_cpu_ms_per_minute=250)
+    app = create_app(config, clock=Frozen())
+    tenant, client = make_tenant(app), Client(app)
+    spin = template(client, tenant, SPIN)
+    batch = [email_body(template_id=spin, text=None) for _ in range(5)]
+    answer = client.post("/v1/emails/batch", json=batch, headers=tenant.headers)
+    assert_error(answer, 429, "MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE")
+    assert tokens_left(app, tenant) == 0.0
+    assert emails_of(client, tenant) == []
+
+
+def test_the_bucket_is_shared_by_every_worker_and_an_account_may_have_its_own(config):
+    config.update(template_render_cpu_ms=RENDER_MS, template_cpu_ms_per_minute=100_000)
+    clock = Frozen()
+    first, second = create_app(config, clock=clock), create_app(config, clock=clock)
+    tenant = make_tenant(first)
+    operator.set_limit(first.store, tenant.id, GROUP, 250)  # its own, below the default
+    spin = template(Client(first), tenant, SPIN)
+    assert [send(Client(first), tenant, spin).status_code for _ in range(2)] == [400, 400]
+    # The other worker (or host) finds what the first left: less than one render's limit.
+    assert_error(send(Client(second), tenant, spin), 429, "250 ms")
+    assert tokens_left(second, tenant) == 0.0
