@@ -1,7 +1,7 @@
 """Two versions of mailsvc side by side: a baseline checkout against this one, interleaved.
 
     git worktree add /tmp/mailsvc-base <commit>
-    python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10]
+    python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10] [--template]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed rate,
@@ -19,11 +19,12 @@ import re
 import shutil
 import statistics
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from ..servers import Gunicorn
 from . import openloop
-from .parts import ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
+from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
 
 
 def measure(checkout: Path, args) -> dict[str, float]:
@@ -37,9 +38,10 @@ def measure(checkout: Path, args) -> dict[str, float]:
     server.start()
     headers = {"Authorization": f"Bearer {key}"}
     try:
-        accept = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
+        body = _templated(server.port, headers) if args.template else email(1)
+        accept = wrk(server.port, json.dumps(body), headers, args.seconds, folder)
         samples = openloop.run(
-            "127.0.0.1", server.port, "/v1/emails", email(1), headers, args.rate, args.seconds
+            "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
         latencies = sorted(s.latency * 1000 for s in samples if s.status == 200)
         return {
@@ -53,6 +55,30 @@ def measure(checkout: Path, args) -> dict[str, float]:
         server.stop()
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _templated(port: int, headers: dict[str, str]) -> dict:
+    """The bench email, its subject and html made by a template of the account (a loop, a
+    filter and a few variables: a usual receipt)."""
+    source = {
+        "name": "receipt",
+        "subject": "Your receipt, {{ name }}",
+        "html": "<html><body><p>Hi {{ name | title }},</p>{% for item in items %}"
+        "<p>{{ item.name }}: {{ item.price }}</p>{% endfor %}" + HTML[12:],
+        "text": "Your receipt, {{ name }}.",
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/templates",
+        json.dumps(source).encode(),
+        {**headers, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        template_id = json.loads(answer.read())["id"]
+    items = [{"name": f"item {n}", "price": f"{n}.99"} for n in range(5)]
+    body = {**email(1), "templateId": template_id, "variables": {"name": "ann", "items": items}}
+    for part in ("html", "text"):  # (the subject stays required; the template's wins)
+        body.pop(part)
+    return body
 
 
 def _pss_mb(pid: int) -> float:
@@ -70,6 +96,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=400.0, help="open-loop requests/s")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--template", action="store_true", help="send through a template with variables"
+    )
     args = parser.parse_args()
     rounds = [
         {"baseline": measure(args.baseline.resolve(), args), "this": measure(ROOT, args)}
