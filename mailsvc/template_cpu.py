@@ -12,7 +12,7 @@ and a render may use no more than is left: it is stopped there, and the request 
 429. What the renders spent is charged, whatever the answer, in the transaction that takes the
 request's rate-limit token (or, if none is taken, one of its own): no write is added. Requests
 under way at once may each spend what they found left, so an account can overrun its bucket by
-at most one render limit per request in flight.
+what those requests spend, at most what each found left (and a render limit a template each).
 """
 
 from __future__ import annotations
