@@ -134,7 +134,7 @@ class MailService:
             return self._public(request, endpoint)
         admission = self._admit(request, endpoint, self.clock())
         try:
-            with template_cpu.metering(admission.template_cpu):
+            with template_cpu.metering(admission.template_cpu, self.store.reads):
                 response = self._respond(request, endpoint, matched, admission)
         except RateLimited:
             # No token, but the CPU its templates spent is charged all the same.

@@ -7,12 +7,15 @@ limits' buckets, holding at most a minute's worth. Without it a batch of 100 tem
 could take 100 renders' limits of CPU in one request, and an account could spend as many every
 minute as its rate limit lets it ask.
 
-A request reads the bucket once, at its first render (a send without a template never does),
-and a render may use no more than is left: it is stopped there, and the request refused with a
-429. What the renders spent is charged, whatever the answer, in the transaction that takes the
-request's rate-limit token (or, if none is taken, one of its own): no write is added. Requests
-under way at once may each spend what they found left, so an account can overrun its bucket by
-what those requests spend, at most what each found left (and a render limit a template each).
+Compiling a template (creating or changing one, or a render that finds it out of the worker's
+cache) draws on the same bucket. A request reads the bucket once, at its first render or
+compile (a send without a template never does), and a render may use no more than is left:
+it is stopped there, and the request refused with a 429 (a compile, bounded by its size, only
+has to find some left). What they spent is charged, whatever the answer, in the transaction
+that takes the request's rate-limit token (or, if none is taken, one of its own): no write is
+added. Requests under way at once may each spend what they found left, so an account can
+overrun its bucket by what those requests spend, at most what each found left (and a render
+limit a template each).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class Meter:
     account_id: str
     per_minute: int
     now: float
+    #: Where the bucket is read from (set by :func:`metering`).
+    reads: Reads | None = None
     left_ms: float | None = None
     spent_ms: float = 0.0
     #: Charged in a transaction of its own (the request took no token).
@@ -57,8 +62,10 @@ _CURRENT: ContextVar[Meter | None] = ContextVar("mailsvc_template_cpu", default=
 
 
 @contextmanager
-def metering(meter: Meter) -> Iterator[Meter]:
-    """The renders of this thread, while in the block, draw on ``meter``."""
+def metering(meter: Meter, reads: Reads) -> Iterator[Meter]:
+    """The renders and compiles of this thread, while in the block, draw on ``meter``, whose
+    bucket is read from ``reads`` when first needed."""
+    meter.reads = reads
     token = _CURRENT.set(meter)
     try:
         yield meter
@@ -67,18 +74,20 @@ def metering(meter: Meter) -> Iterator[Meter]:
 
 
 @contextmanager
-def metered(reads: Reads) -> Iterator[float | None]:
-    """Around one render: the milliseconds it may use of the account's bucket (None: no
-    request is metered, as for the operator), and what it used charged to the request.
+def metered() -> Iterator[float | None]:
+    """Around one render (or compile): the milliseconds it may use of the account's bucket
+    (None: no request is metered, as for the operator), and what it used charged to the
+    request. A compile cannot be stopped midway (its size bounds it): it only has to find
+    some left.
 
     :raises RateLimited: nothing is left, before the render or during it.
     """
     meter = _CURRENT.get()
-    if meter is None:
+    if meter is None or meter.reads is None:
         yield None
         return
     if meter.left_ms is None:
-        own, bucket = reads.get_bucket(meter.account_id, GROUP)
+        own, bucket = meter.reads.get_bucket(meter.account_id, GROUP)
         meter.per_minute = own or meter.per_minute
         tokens, updated_at = bucket or (float(meter.per_minute), meter.now)
         refill = max(0.0, meter.now - updated_at) * meter.per_minute / 60.0

@@ -116,3 +116,23 @@ def test_the_bucket_is_shared_by_every_worker_and_an_account_may_have_its_own(co
     # The other worker (or host) finds what the first left: less than one render's limit.
     assert_error(send(Client(second), tenant, spin), 429, "250 ms")
     assert tokens_left(second, tenant) == 0.0
+
+
+def test_compiling_a_template_draws_on_the_same_bucket(config):
+    config.update(template_render_cpu_ms=RENDER_MS, template_cpu_ms_per_minute=10_000)
+    app = create_app(config, clock=Frozen())
+    tenant, client = make_tenant(app), Client(app)
+    # 450 tags: milliseconds of parsing and compiling, none of rendering (and a source no
+    # other test compiled: the worker keeps what it compiled).
+    large = tenant.id + "".join(f"{{{{ v{n} }}}}{{% if v{n} %}}-{{% endif %}}" for n in range(150))
+    template(client, tenant, large)
+    assert 10_000 - tokens_left(app, tenant) > 1.0
+    operator.set_limit(app.store, tenant.id, GROUP, 1)  # 1 ms a minute: what is left, at most
+    template(client, tenant, large + " ")  # it found some left, and used more
+    assert tokens_left(app, tenant) == 0.0
+    refused = client.post(
+        "/v1/templates", json={"name": "t", "text": large + "  "}, headers=tenant.headers
+    )
+    assert_error(refused, 429, "MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE")
+    listed = client.get("/v1/templates", headers=tenant.headers).get_json()["data"]
+    assert len(listed) == 2

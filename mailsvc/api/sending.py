@@ -225,7 +225,7 @@ def _render_template(
     template = reads.get_template(account_id, request.template_id or "")
     if template is None:
         raise ValidationFailed(f"templateId: template {request.template_id} not found")
-    with template_cpu.metered(reads) as account_cpu_ms:
+    with template_cpu.metered() as account_cpu_ms:
         rendered = render(
             template.subject,
             template.html,

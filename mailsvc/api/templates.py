@@ -28,15 +28,17 @@ _PARTS = ("subject", "html", "text")
 
 
 def parse_template(body: dict[str, Any], settings: Settings, problems: Problems) -> dict[str, Any]:
-    """A template body whose parts also compile. No I/O.
+    """A template body whose parts also compile, on the account's template CPU time (the
+    only I/O: its bucket, read once a request).
 
     :raises ValidationFailed: a part is too large or does not compile (the message gives the
         part and, where Jinja gives one, the line), with every other problem of the body.
+    :raises RateLimited: the account's template CPU time is spent.
     """
     limits = TemplateLimits.from_settings(settings)
     for part in _PARTS:
         if not problems.failed(part):
-            with problems.checking(part):
+            with problems.checking(part), template_cpu.metered():
                 check_template(body.get(part), part, limits)
     problems.raise_if_any()
     return body
@@ -147,7 +149,7 @@ def render_template(
     """What a send with this template and these variables would deliver; nothing is sent and
     nothing is written (but an ``Idempotency-Key``, when given)."""
     template = _find(reads, principal, template_id)
-    with template_cpu.metered(reads) as account_cpu_ms:
+    with template_cpu.metered() as account_cpu_ms:
         rendered = render(
             template.subject,
             template.html,
