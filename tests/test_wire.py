@@ -108,6 +108,24 @@ def test_long_non_ascii_headers_fold_with_crlf(delivering, sink):
     assert len(received.message["To"].addresses) == 50
 
 
+def test_control_characters_in_header_text_go_out_as_spaces(delivering, sink):
+    app, tenant, client = delivering
+    email_id = post(
+        client,
+        tenant,
+        subject="\x0cReceipt\x1f 42\x7f",
+        headers={"X-Order": "A\x0c1", "X-Greeting": "héllo\u2028there"},
+    )
+    [received] = sink.wait_for(1)
+    head = received.data.split(b"\r\n\r\n", 1)[0]
+    assert not re.search(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", head), head
+    message = received.message
+    assert message["Subject"] == "Receipt  42 "  # (the parser takes the space after the colon)
+    assert (message["X-Order"], message["X-Greeting"]) == ("A 1", "héllo there")
+    shown = client.get(f"/v1/emails/{email_id}", headers=tenant.headers).get_json()
+    assert shown["subject"] == "\x0cReceipt\x1f 42\x7f"  # as it was asked for
+
+
 def test_the_date_header_is_written_as_the_standard_library_writes_it():
     import random
     from datetime import UTC, datetime

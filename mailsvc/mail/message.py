@@ -36,6 +36,11 @@ _LINE_END = re.compile(r"\r\n|\r|\n")
 _SPECIALS = re.compile(r'[()<>\[\]:;@\\,."]')
 #: Plain 7-bit lines are kept as they are up to this length (RFC 5322 recommends 78).
 _MAX_PLAIN_LINE = 78
+#: Control characters (but tab) and line separators: header text cannot carry them (RFC 5322
+#: allows visible characters and white space), verifiers canonicalize them differently (dkimpy
+#: strips a leading or trailing form feed, RFC 6376 does not), and the standard library folds
+#: at some of them. Each becomes a space in the message; the stored email keeps them.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 #: A parameter value that can be written quoted as it is.
 _PLAIN_PARAMETER = re.compile(r"[ -~]{1,200}")
 
@@ -172,6 +177,7 @@ def _parameter(name: str, value: str) -> str:
 
 def _custom_header(name: str, value: str) -> str:
     """A client's header value: folded where long, RFC 2047 words where not ASCII."""
+    value = _UNPRINTABLE.sub(" ", value)
     if value.isascii() and len(name) + len(value) < _MAX_PLAIN_LINE:
         return value
     charset = "us-ascii" if value.isascii() else "utf-8"
@@ -187,6 +193,7 @@ def _stored_mailbox(text: str) -> str:
 def _mailbox(address: str, name: str | None = None) -> str:
     if not name:
         return address
+    name = _UNPRINTABLE.sub(" ", name)
     if not name.isascii():
         return _encoded_mailbox(name, address)
     if _SPECIALS.search(name):
@@ -207,6 +214,7 @@ def _encoded_mailbox(name: str, address: str) -> str:
 
 
 def _text_header(value: str) -> str:
+    value = _UNPRINTABLE.sub(" ", value)
     if value.isascii() and "=?" not in value:
         return value  # at most 255 characters: within the 998-octet line limit
     return Header(value, "utf-8", header_name="Subject").encode(linesep="\r\n")
