@@ -20,14 +20,13 @@ limit a template each).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from .errors import RateLimited
-from .mail.budget import AccountCpuSpent
+from .mail.budget import AccountCpuSpent, cpu_now
 from .store import Reads, Writes
 
 #: The bucket's name among the rate limits' (``account_limits`` and ``rate_buckets``).
@@ -95,13 +94,13 @@ def metered() -> Iterator[float | None]:
     left = meter.left_ms - meter.spent_ms
     if left <= 0:
         raise meter.refusal()
-    started, stopped = time.thread_time(), False
+    started, stopped = cpu_now(), False
     try:
         yield left
     except AccountCpuSpent:
         stopped = True
     finally:
-        meter.spent_ms += (time.thread_time() - started) * 1000
+        meter.spent_ms += (cpu_now() - started) * 1000
     if stopped:
         raise meter.refusal()
 

@@ -4,12 +4,14 @@ hang or a killed worker."""
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 
 import pytest
 
 from mailsvc.mail import rendering
+from mailsvc.mail.budget import Budget, RenderLimit, cpu_now
 from mailsvc.mail.rendering import TemplateLimits, check_template, render
 
 from .conftest import assert_error, email_body
@@ -240,3 +242,26 @@ def test_a_render_at_its_cpu_limit_lets_the_other_threads_have_the_gil():
     # About 0.15 ms when a render yields every 0.1 ms of its CPU; 1 ms when every 1 ms (which let
     # a noisy account multiply another's accept p99 by 5); 5 ms when it never does.
     assert sorted(waits)[len(waits) // 2] < 0.0006, sorted(waits)
+
+
+def test_a_full_garbage_collection_is_not_counted_as_a_renders_cpu():
+    # A full collection walks the whole heap, whichever thread triggers it: in a worker holding
+    # much, it can take longer than a render's whole limit, and would fail a usual template.
+    heap = [[n] for n in range(1_500_000)]  # a full collection of this takes tens of ms
+    started = cpu_now()
+    budget = Budget(started + 0.005, 5, 100, 100, started=started)
+    before = time.thread_time()
+    gc.collect()  # generation 2, in this thread
+    took = time.thread_time() - before
+    assert took > 0.005, took  # the collection did take longer than the budget
+    budget.tick()  # and the budget is not spent
+    assert cpu_now() - started < 0.005
+    gen1_started = cpu_now()
+    gc.collect(1)  # a young collection counts: a render's own allocations fill those
+    assert cpu_now() > gen1_started
+    del heap
+    deadline = cpu_now() + 0.002
+    with pytest.raises(RenderLimit):  # and the render's own work still does
+        spinning = Budget(deadline, 2, 100, 100, started=deadline - 0.002)
+        while True:
+            spinning.tick()

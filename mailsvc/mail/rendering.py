@@ -18,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationFailed
-from .budget import AccountCpuSpent, Budget, RenderLimit
+from .budget import AccountCpuSpent, Budget, RenderLimit, cpu_now
 
 if TYPE_CHECKING:
     from jinja2 import nodes
@@ -102,7 +101,7 @@ def render(
     chars = WORKING_TEXT_FACTOR * limits.max_output_chars
     account_bound = account_cpu_ms is not None and account_cpu_ms < limits.render_cpu_ms
     allowed_ms = account_cpu_ms if account_bound and account_cpu_ms else limits.render_cpu_ms
-    started = time.thread_time()
+    started = cpu_now()
     budget = Budget(
         started + allowed_ms / 1000,
         limits.render_cpu_ms,
