@@ -24,7 +24,6 @@ from .auth import Principal
 from .errors import RateLimited
 from .store import Caller, Reads, Store, TokenExhausted, Writes
 from .store.keys import LAST_USED_PRECISION_SECONDS
-from .template_cpu import Meter
 
 SEND = "send"
 LIST = "list"
@@ -42,7 +41,7 @@ class Admission:
     now: float
     #: The template CPU time of the request's renders (:mod:`.template_cpu`), charged with
     #: its token.
-    template_cpu: Meter
+    template_cpu: template_cpu.Meter
     #: The bucket's tokens as the request found them (before its own).
     tokens: float = 0.0
     taken: bool = False
@@ -71,7 +70,7 @@ class RateLimiter:
         tokens = _tokens_at(caller, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)
-        meter = Meter(principal.account_id, self.defaults[template_cpu.GROUP], now)
+        meter = template_cpu.Meter(principal.account_id, self.defaults[template_cpu.GROUP], now)
         return Admission(principal, group, per_minute, now, meter, tokens)
 
     def headers(self, admission: Admission) -> dict[str, str]:

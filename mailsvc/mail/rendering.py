@@ -99,8 +99,8 @@ def render(
     :raises AccountCpuSpent: the render used ``account_cpu_ms``.
     """
     chars = WORKING_TEXT_FACTOR * limits.max_output_chars
-    account_bound = account_cpu_ms is not None and account_cpu_ms < limits.render_cpu_ms
-    allowed_ms = account_cpu_ms if account_bound and account_cpu_ms else limits.render_cpu_ms
+    allowed_ms = min(limits.render_cpu_ms, account_cpu_ms or limits.render_cpu_ms)
+    account_bound = allowed_ms < limits.render_cpu_ms
     started = cpu_now()
     budget = Budget(
         started + allowed_ms / 1000,
