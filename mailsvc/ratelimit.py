@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from . import template_cpu
 from .auth import Principal
 from .errors import RateLimited
-from .store import Caller, Reads, Store, TokenExhausted, Writes
+from .store import Caller, Reads, Store, TokenExhausted, Writes, tokens_at
 from .store.keys import LAST_USED_PRECISION_SECONDS
 
 SEND = "send"
@@ -67,7 +67,7 @@ class RateLimiter:
         :raises RateLimited: it has none; ``retry_after`` says when it will.
         """
         per_minute = caller.own_limit or self.defaults[group]
-        tokens = _tokens_at(caller, per_minute, now)
+        tokens = tokens_at(caller.bucket, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)
         meter = template_cpu.Meter(principal.account_id, self.defaults[template_cpu.GROUP], now)
@@ -115,14 +115,8 @@ class RateLimiter:
     def refusal(self, reads: Reads, admission: Admission) -> RateLimited:
         """The 429 of a request that lost the last token to another: when one is back."""
         caller = reads.get_caller(admission.principal.key_id, admission.group)
-        tokens = _tokens_at(caller, admission.per_minute, admission.now) if caller else 0.0
+        tokens = tokens_at(caller.bucket, admission.per_minute, admission.now) if caller else 0.0
         return _limited(admission.group, admission.per_minute, min(tokens, 0.0))
-
-
-def _tokens_at(caller: Caller, per_minute: int, now: float) -> float:
-    """The caller's bucket as it stands at ``now``, refilled (a bucket never used is full)."""
-    tokens, updated_at = caller.bucket or (float(per_minute), now)
-    return min(float(per_minute), tokens + max(0.0, now - updated_at) * per_minute / 60.0)
 
 
 def _limited(group: str, per_minute: int, tokens: float) -> RateLimited:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from .errors import RateLimited
 from .mail.budget import AccountCpuSpent, cpu_now
-from .store import Reads, Writes
+from .store import Reads, Writes, tokens_at
 
 #: The bucket's name among the rate limits' (``account_limits`` and ``rate_buckets``).
 GROUP = "template_cpu_ms"
@@ -88,9 +88,7 @@ def metered() -> Iterator[float | None]:
     if meter.left_ms is None:
         own, bucket = meter.reads.get_bucket(meter.account_id, GROUP)
         meter.per_minute = own or meter.per_minute
-        tokens, updated_at = bucket or (float(meter.per_minute), meter.now)
-        refill = max(0.0, meter.now - updated_at) * meter.per_minute / 60.0
-        meter.left_ms = min(float(meter.per_minute), tokens + refill)
+        meter.left_ms = tokens_at(bucket, meter.per_minute, meter.now)
     left = meter.left_ms - meter.spent_ms
     if left <= 0:
         raise meter.refusal()

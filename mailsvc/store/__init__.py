@@ -36,6 +36,7 @@ from .records import (
     WebhookAttempt,
     WebhookDelivery,
     WebhookEvent,
+    tokens_at,
 )
 from .sqlite import SqliteStore
 
@@ -89,4 +90,5 @@ __all__ = [
     "TokenExhausted",
     "Writes",
     "open_store",
+    "tokens_at",
 ]

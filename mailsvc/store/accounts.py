@@ -95,13 +95,12 @@ class AccountVerbs:
     ) -> None:
         # What was spent is charged whatever is left: the bucket is refilled to ``now`` and
         # ``amount`` taken, down to empty (never below: the CHECK holds), in one upsert.
-        least, greatest = self.dialect.least, self.dialect.greatest
-        refill = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
+        greatest = self.dialect.greatest
         capacity = float(per_minute)
         self.run(
             f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
             f"VALUES (?, ?, {greatest}(0, ? - ?), ?) ON CONFLICT (account_id, route_group) DO "
-            f"UPDATE SET tokens = {greatest}(0, {refill} - ?), "
+            f"UPDATE SET tokens = {greatest}(0, {self._refilled()} - ?), "
             f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
             (
                 account_id,
@@ -117,18 +116,24 @@ class AccountVerbs:
             ),
         )
 
+    def _refilled(self) -> str:
+        """The bucket's tokens as they stand now, in SQL (parameters: the capacity, now, and
+        the refill a second)."""
+        least, greatest = self.dialect.least, self.dialect.greatest
+        return f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
+
     def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
         # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The
         # refill and the take are one upsert (every SET sees the row as it was), and the
         # table's CHECK (tokens >= 0) refuses a take from an empty bucket.
-        least, greatest = self.dialect.least, self.dialect.greatest
-        refill = f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
+        greatest = self.dialect.greatest
         capacity = float(per_minute)
         self.contended(
             Contended(
                 f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
                 f"VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE SET "
-                f"tokens = {refill} - 1, updated_at = {greatest}(rate_buckets.updated_at, ?)",
+                f"tokens = {self._refilled()} - 1, "
+                f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
                 (account_id, route_group, capacity - 1.0, now, capacity, now, capacity / 60, now),
                 TOKENS_CHECK,
                 TokenExhausted,

@@ -202,6 +202,14 @@ class Caller:
     bucket: tuple[float, float] | None  # (tokens, updated_at)
 
 
+def tokens_at(bucket: tuple[float, float] | None, per_minute: int, now: float) -> float:
+    """A bucket of the rate limits' kind (``(tokens, updated_at)``, None: never used, so full),
+    as it stands at ``now``: refilled at ``per_minute / 60`` a second, to ``per_minute`` at
+    most."""
+    tokens, updated_at = bucket or (float(per_minute), now)
+    return min(float(per_minute), tokens + max(0.0, now - updated_at) * per_minute / 60.0)
+
+
 @dataclass(frozen=True)
 class Suppression:
     """An address an account no longer sends to, and why."""
