@@ -2,13 +2,15 @@
 
     git worktree add /tmp/mailsvc-base <commit>
     python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10] [--template]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed rate,
 and reads each worker's RSS and PSS, and the PSS of the master and workers together; the report
 gives each round and the medians, and the ratio of this checkout to the baseline. For a change
 whose effect is smaller than the noise between separate runs (memory, a few percent of
-throughput).
+throughput). With ``--postgres-url``, each server's store is a PostgreSQL database of its own on
+that server (made for it, dropped after it) instead of a SQLite file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,11 @@ import shutil
 import statistics
 import tempfile
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from mailsvc.ids import new_id
 
 from ..servers import Gunicorn
 from . import openloop
@@ -30,7 +36,28 @@ from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_m
 def measure(checkout: Path, args) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-versus-"))
     sink = Sink(folder)
-    database = str(folder / "bench.sqlite3")
+    with _database(folder, args.postgres_url) as database:
+        return _measure(checkout, args, folder, sink, database)
+
+
+@contextmanager
+def _database(folder: Path, postgres_url: str | None) -> Iterator[str]:
+    """A SQLite file in ``folder``, or a new database on the PostgreSQL server, dropped after."""
+    if postgres_url is None:
+        yield str(folder / "bench.sqlite3")
+        return
+    import psycopg
+
+    name = f"mailsvc_versus_{new_id('r')[2:12]}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def _measure(checkout: Path, args, folder: Path, sink: Sink, database: str) -> dict[str, float]:
     _, key = prepare(database)
     env = {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
     server = Gunicorn(env, args.workers)
@@ -98,6 +125,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--template", action="store_true", help="send through a template with variables"
+    )
+    parser.add_argument(
+        "--postgres-url", help="serve both from PostgreSQL databases made on this server"
     )
     args = parser.parse_args()
     rounds = [
