@@ -16,7 +16,7 @@ from werkzeug.test import Client
 from mailsvc import create_app
 
 from .conftest import assert_error, email_body, make_tenant
-from .test_delivery import wait_status
+from .test_delivery import post, wait_status
 from .webhook_receiver import Answer, Receiver
 
 ALL = ["email.sent", "email.deferred", "email.failed", "email.scheduled", "email.canceled"]
@@ -464,6 +464,49 @@ def test_scheduled_and_canceled_are_events_too(hooked, receiver):
     assert scheduled.type == "email.scheduled" and canceled.type == "email.canceled"
     assert canceled.payload["data"]["refunded"] == 1
     assert canceled.payload["data"]["recipients"][0]["status"] == "canceled"
+
+
+def _counting_claims(app) -> list[float]:
+    """The times of the webhook pool's claims from now on (each is a write transaction)."""
+    claims: list[float] = []
+    claim = app.webhooks.claim
+
+    def counted(tx, wanted):
+        claims.append(time.monotonic())
+        return claim(tx, wanted)
+
+    app.webhooks.claim = counted
+    return claims
+
+
+def test_a_plain_send_does_not_set_webhook_delivery_looking(config, clock, sink, receiver):
+    """A send that makes no webhook event (most do not) starts no claim of webhook deliveries:
+    each would be a write transaction for nothing. One that does is delivered at once, not at
+    the next poll."""
+    config.update(
+        smtp_url=sink.url, webhook_allow_http=True, webhook_allow_private=True, poll_seconds=60
+    )
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    client = Client(app)
+    app.start()
+    try:
+        time.sleep(0.3)  # the claims each pool makes as it starts
+        claims = _counting_claims(app)
+        for _ in range(5):
+            wait_status(client, tenant, post(client, tenant), "sent")
+        assert claims == []
+        subscribe(client, tenant, receiver.url())  # (a new endpoint: one claim, of nothing)
+        time.sleep(0.3)
+        before = len(claims)
+        started = time.monotonic()
+        body = email_body(scheduledAt=iso_in(3600, time.time))
+        client.post("/v1/emails", json=body, headers=tenant.headers)
+        [scheduled] = receiver.wait_for(1, timeout=5)
+        assert scheduled.type == "email.scheduled"
+        assert len(claims) > before and time.monotonic() - started < 5  # woken, not polled
+    finally:
+        app.stop(timeout=5)
 
 
 # -- where a webhook may go ------------------------------------------------------------------------

@@ -32,11 +32,12 @@ def send_email(
     """Accept an email: render its template (if any) here; then, in the store's writer, queue
     it if its sender domain is verified, and take its credit."""
     email = prepare(reads, principal, services, body)
+    apply, makes_events = _queue([email], "from")
     return Change(
-        _queue([email], "from"),
+        apply,
         accepted(email),
         wakes_delivery=True,
-        wakes_webhooks=True,
+        wakes_webhooks=makes_events,
         accepted=(email.id,),
     )
 
@@ -66,18 +67,20 @@ def send_batch(
             problems.within(f"[{index}].").add("from", _unverified(domain))
     problems.raise_if_any()
     answer = {"data": [accepted(email) for email in emails]}
+    apply, makes_events = _queue(emails, "[{index}].from")
     return Change(
-        _queue(emails, "[{index}].from"),
+        apply,
         answer,
         wakes_delivery=True,
-        wakes_webhooks=True,
+        wakes_webhooks=makes_events,
         accepted=tuple(email.id for email in emails),
     )
 
 
-def _queue(emails: Sequence[NewEmail], field: str) -> Any:
-    """Queue the emails with their webhook events (made here, outside any lock), and take
-    their credit."""
+def _queue(emails: Sequence[NewEmail], field: str) -> tuple[Any, bool]:
+    """The job that queues the emails with their webhook events (made here, outside any lock)
+    and takes their credit, and whether there are such events: most emails make none when
+    accepted, and then webhook delivery has nothing new to look for."""
     events = [webhook_events.at_acceptance(email) for email in emails]
 
     def queue(tx: Writes) -> None:
@@ -91,7 +94,7 @@ def _queue(emails: Sequence[NewEmail], field: str) -> Any:
         if cost:
             tx.spend_credits(emails[0].account_id, cost)  # CreditExhausted: the dispatcher's 402
 
-    return queue
+    return queue, any(events)
 
 
 def _unverified(domain: str) -> str:
