@@ -104,11 +104,13 @@ def bench_http(args, folder, sink, env, key, soak: bool) -> dict:
     return results
 
 
-def accept_end_to_end(server, env, sink, headers, args, folder) -> tuple[float, tuple[float, int]]:
+def accept_end_to_end(
+    server, env, sink, headers, args, folder, body: dict | None = None
+) -> tuple[float, tuple[float, int]]:
     """H2 with wrk, then E2E: every email accepted in that run is at the sink."""
     started, delivered_before = time.time(), sink.count()
     accepted_before = count_emails(env["MAILSVC_DATABASE"])
-    accept = wrk(server.port, json.dumps(email(1)), headers, args.seconds, folder)
+    accept = wrk(server.port, json.dumps(body or email(1)), headers, args.seconds, folder)
     accepted = count_emails(env["MAILSVC_DATABASE"]) - accepted_before
     sink.wait_for(delivered_before + accepted)
     last = max(at for at, _ in sink.received()[delivered_before:])

@@ -5,12 +5,13 @@
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
-gunicorn.conf.py of its own checkout), runs wrk at peak and then the open loop at a fixed rate,
-and reads each worker's RSS and PSS, and the PSS of the master and workers together; the report
-gives each round and the medians, and the ratio of this checkout to the baseline. For a change
-whose effect is smaller than the noise between separate runs (memory, a few percent of
-throughput). With ``--postgres-url``, each server's store is a PostgreSQL database of its own on
-that server (made for it, dropped after it) instead of a SQLite file.
+gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
+it accepted: end to end), then the open loop at a fixed rate, and reads each worker's RSS and PSS,
+and the PSS of the master and workers together; the report gives each round and the medians, and
+the ratio of this checkout to the baseline. For a change whose effect is smaller than the noise
+between separate runs (memory, a few percent of throughput). With ``--postgres-url``, each server's
+store is a PostgreSQL database of its own on that server (made for it, dropped after it) instead of
+a SQLite file.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from mailsvc.ids import new_id
 
 from ..servers import Gunicorn
 from . import openloop
-from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
+from .bench import accept_end_to_end
+from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb
 
 
 def measure(checkout: Path, args) -> dict[str, float]:
@@ -66,13 +68,14 @@ def _measure(checkout: Path, args, folder: Path, sink: Sink, database: str) -> d
     headers = {"Authorization": f"Bearer {key}"}
     try:
         body = _templated(server.port, headers) if args.template else email(1)
-        accept = wrk(server.port, json.dumps(body), headers, args.seconds, folder)
+        accept, (end_to_end, _) = accept_end_to_end(server, env, sink, headers, args, folder, body)
         samples = openloop.run(
             "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
         latencies = sorted(s.latency * 1000 for s in samples if s.status == 200)
         return {
             "accept/s": accept,
+            "e2e/s": end_to_end,
             "p99 ms": latencies[int(0.99 * len(latencies))],
             "RSS MB": max(worker_rss_mb(server)),
             "PSS MB": max(worker_pss_mb(server)),
