@@ -50,28 +50,27 @@ class HistoryVerbs:
             return []
         seqs = [row[0] for row in rows]
         recipients: dict[int, list[Recipient]] = {seq: [] for seq in seqs}
-        for found in self.connection.execute(
-            f"SELECT email_seq, address, status, smtp_code, enhanced_code, reply, kind, name "
-            f"FROM recipients WHERE email_seq IN ({marks(len(seqs))}) "
-            f"ORDER BY email_seq, position",
-            seqs,
-        ).fetchall():
-            recipients[found[0]].append(Recipient(*found[1:]))
         tags: dict[int, list[tuple[str, str]]] = {seq: [] for seq in seqs}
-        for seq, name, value in self.connection.execute(
-            f"SELECT email_seq, name, value FROM email_tags WHERE email_seq IN "
-            f"({marks(len(seqs))}) ORDER BY email_seq, position",
-            seqs,
-        ).fetchall():
-            tags[seq].append((name, value))
         attachments: dict[int, list[AttachmentInfo]] = {seq: [] for seq in seqs}
-        for seq, *info in self.connection.execute(
-            f"SELECT email_seq, filename, content_type, content_id, length(content) "
-            f"FROM attachments WHERE email_seq IN ({marks(len(seqs))}) "
-            f"ORDER BY email_seq, position",
-            seqs,
+        these = f"email_seq IN ({marks(len(seqs))})"
+        # One statement for the three tables (a claim makes one for each batch, a list page one).
+        for part, seq, *found in self.connection.execute(
+            f"SELECT 0, email_seq, position, address, status, smtp_code, enhanced_code, reply, "
+            f"kind, name FROM recipients WHERE {these} "
+            f"UNION ALL SELECT 1, email_seq, position, name, value, NULL, NULL, NULL, NULL, NULL "
+            f"FROM email_tags WHERE {these} "
+            f"UNION ALL SELECT 2, email_seq, position, filename, content_type, length(content), "
+            f"content_id, NULL, NULL, NULL FROM attachments WHERE {these} "
+            f"ORDER BY 1, 2, 3",
+            [*seqs, *seqs, *seqs],
         ).fetchall():
-            attachments[seq].append(AttachmentInfo(*info))
+            if part == 0:
+                recipients[seq].append(Recipient(*found[1:]))
+            elif part == 1:
+                tags[seq].append((found[1], found[2]))
+            else:
+                filename, content_type, size, content_id = found[1:5]
+                attachments[seq].append(AttachmentInfo(filename, content_type, content_id, size))
         return [
             EmailRecord(
                 seq=row[0],
