@@ -10,6 +10,7 @@ and a pool that every such handler holds one of would never lend it.
 from __future__ import annotations
 
 import secrets
+import threading
 
 from .store import Store
 
@@ -21,6 +22,7 @@ class Keyring:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._keys: dict[str, bytes] = {}
+        self._finding = threading.Lock()
 
     def load(self) -> None:
         """Have every key at hand (a look at a dict, once they are)."""
@@ -29,13 +31,21 @@ class Keyring:
                 self.key(name)
 
     def key(self, name: str) -> bytes:
-        """The key of this name, made the first time any process asks. Two threads that ask at
-        once both read, or both offer one: the store keeps the first, and both get it."""
+        """The key of this name, made the first time any process asks. In a process, one thread
+        reads it (a new worker's first requests all need it) and the others wait for that; two
+        processes that ask at once both offer one: the store keeps the first, and both get it."""
         found = self._keys.get(name)
         if found is None:
-            found = self._store.reads.get_service_secret(name)
-            if found is None:
-                candidate = secrets.token_bytes(KEYS[name])
-                found = self._store.write(lambda tx: tx.service_secret(name, candidate))
-            self._keys[name] = found
+            with self._finding:
+                found = self._keys.get(name)
+                if found is None:
+                    found = self._find(name)
+                    self._keys[name] = found
+        return found
+
+    def _find(self, name: str) -> bytes:
+        found = self._store.reads.get_service_secret(name)
+        if found is None:
+            candidate = secrets.token_bytes(KEYS[name])
+            found = self._store.write(lambda tx: tx.service_secret(name, candidate))
         return found
