@@ -136,3 +136,34 @@ def test_compiling_a_template_draws_on_the_same_bucket(config):
     assert_error(refused, 429, "MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE")
     listed = client.get("/v1/templates", headers=tenant.headers).get_json()["data"]
     assert len(listed) == 2
+
+
+def test_the_account_shows_what_is_left_of_each_limit(config):
+    """``GET /v1/account`` shows each bucket as it stands, the template CPU milliseconds with
+    the request limits: before this request's own token, which its header counts."""
+    config.update(
+        template_render_cpu_ms=RENDER_MS,
+        template_cpu_ms_per_minute=250,
+        rate_send_per_minute=10,
+        rate_list_per_minute=30,
+    )
+    clock = Frozen()
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    fresh = client.get("/v1/account", headers=tenant.headers)
+    limits = {"send": 10, "list": 30, "other": 60, "templateCpuMs": 250}
+    assert fresh.get_json()["limits"] == fresh.get_json()["remaining"] == limits
+    assert fresh.headers["RateLimit-Remaining"] == "59"  # (the account is in the other group)
+    spin = template(client, tenant, SPIN)
+    for _ in range(2):
+        assert client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code
+    assert [send(client, tenant, spin).status_code for _ in range(3)] == [400, 400, 429]
+    shown = client.get("/v1/account", headers=tenant.headers).get_json()["remaining"]
+    # Four sends took a token (a 429 takes none); the first look and the template one each.
+    assert shown == {"send": 6, "list": 30, "other": 58, "templateCpuMs": 0}
+    clock.now += 30  # half a minute: each bucket refills by half its limit, up to its limit
+    shown = client.get("/v1/account", headers=tenant.headers).get_json()["remaining"]
+    assert shown == {"send": 10, "list": 30, "other": 60, "templateCpuMs": 125}
+    # Another account's are its own.
+    other = make_tenant(app, domain="other.test")
+    assert client.get("/v1/account", headers=other.headers).get_json()["remaining"] == limits
