@@ -95,16 +95,19 @@ def wrk(
     seconds: float,
     folder: Path,
     path: str = "/v1/emails",
+    method: str = "POST",
 ) -> float:
-    """Requests per second of POSTs of ``body`` to ``path``, closed loop, 2 threads and 32
-    keep-alive connections."""
+    """Requests per second of POSTs of ``body`` to ``path`` (or GETs, without one), closed loop,
+    2 threads and 32 keep-alive connections."""
     script = folder / "post.lua"
     lua_headers = "".join(f'wrk.headers["{k}"] = "{v}"\n' for k, v in headers.items())
     quoted = body.replace("\\", "\\\\").replace('"', '\\"')
-    script.write_text(
-        f'wrk.method = "POST"\nwrk.body = "{quoted}"\n'
-        f'wrk.headers["Content-Type"] = "application/json"\n{lua_headers}'
+    sent = (
+        f'wrk.body = "{quoted}"\nwrk.headers["Content-Type"] = "application/json"\n'
+        if method == "POST"
+        else ""
     )
+    script.write_text(f'wrk.method = "{method}"\n{sent}{lua_headers}')
     output = subprocess.run(
         [
             "wrk",

@@ -2,7 +2,7 @@
 
     git worktree add /tmp/mailsvc-base <commit>
     python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10] [--template]
-        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--get /v1/emails?limit=10]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
@@ -32,7 +32,7 @@ from mailsvc.ids import new_id
 from ..servers import Gunicorn
 from . import openloop
 from .bench import accept_end_to_end
-from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb
+from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
 
 
 def measure(checkout: Path, args) -> dict[str, float]:
@@ -73,9 +73,13 @@ def _measure(checkout: Path, args, folder: Path, sink: Sink, database: str) -> d
             "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
         latencies = sorted(s.latency * 1000 for s in samples if s.status == 200)
+        reads = {}
+        if args.get:
+            reads["get/s"] = wrk(server.port, "", headers, args.seconds, folder, args.get, "GET")
         return {
             "accept/s": accept,
             "e2e/s": end_to_end,
+            **reads,
             "p99 ms": latencies[int(0.99 * len(latencies))],
             "RSS MB": max(worker_rss_mb(server)),
             "PSS MB": max(worker_pss_mb(server)),
@@ -131,6 +135,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--postgres-url", help="serve both from PostgreSQL databases made on this server"
+    )
+    parser.add_argument(
+        "--get", help="then GETs of this path too (wrk at peak), e.g. /v1/emails?limit=10"
     )
     args = parser.parse_args()
     rounds = [
