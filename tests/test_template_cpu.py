@@ -156,7 +156,8 @@ def test_the_account_shows_what_is_left_of_each_limit(config):
     assert fresh.headers["RateLimit-Remaining"] == "59"  # (the account is in the other group)
     spin = template(client, tenant, SPIN)
     for _ in range(2):
-        assert client.post("/v1/emails", json=email_body(), headers=tenant.headers).status_code
+        sent = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+        assert sent.status_code == 200, sent.get_json()
     assert [send(client, tenant, spin).status_code for _ in range(3)] == [400, 400, 429]
     shown = client.get("/v1/account", headers=tenant.headers).get_json()["remaining"]
     # Four sends took a token (a 429 takes none); the first look and the template one each.
