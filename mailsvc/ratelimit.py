@@ -56,11 +56,6 @@ class RateLimiter:
     def __init__(self, defaults: Mapping[str, int]) -> None:
         self.defaults = dict(defaults)
 
-    def limits_for(self, reads: Reads, account_id: str) -> dict[str, int]:
-        """Requests per minute by route group, and template CPU ms per minute, the account's
-        own where it has one."""
-        return {**self.defaults, **reads.get_rate_limits(account_id)}
-
     def admit(self, caller: Caller, principal: Principal, group: str, now: float) -> Admission:
         """Let the request in if its bucket, refilled to ``now``, has a token.
 

@@ -17,24 +17,29 @@ def get_account(view: Reads, principal: Principal, services: Services) -> dict[s
     account = view.get_account(principal.account_id)
     if account is None:
         raise NotFound("account: not found")
-    limits = services.limiter.limits_for(view, account.id)
+    limits, remaining = _limits_and_remaining(view, account.id, services)
     return {
         "id": account.id,
         "name": account.name,
         "credits": account.credits,
         "limits": _by_name(limits),
-        "remaining": _by_name(_remaining(view, account.id, limits, services.clock())),
+        "remaining": _by_name(remaining),
     }
 
 
-def _remaining(view: Reads, account_id: str, limits: dict[str, int], now: float) -> dict[str, int]:
-    """What each bucket holds now, whole requests and milliseconds, before this request takes
-    its own token (its ``RateLimit-Remaining`` header says what is left after it)."""
-    left = {}
+def _limits_and_remaining(
+    view: Reads, account_id: str, services: Services
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each bucket's limit (the account's own, or the default) and what it holds now, whole
+    requests and milliseconds, before this request takes its own token (its
+    ``RateLimit-Remaining`` header says what is left after it): one read a bucket."""
+    now = services.clock()
+    limits, remaining = {}, {}
     for group in (*ROUTE_GROUPS, template_cpu.GROUP):
-        _, bucket = view.get_bucket(account_id, group)
-        left[group] = int(tokens_at(bucket, limits[group], now))
-    return left
+        own, bucket = view.get_bucket(account_id, group)
+        limits[group] = own or services.limiter.defaults[group]
+        remaining[group] = int(tokens_at(bucket, limits[group], now))
+    return limits, remaining
 
 
 def _by_name(figures: dict[str, int]) -> dict[str, int]:

@@ -71,13 +71,6 @@ class AccountVerbs:
             (account_id, route_group, per_minute),
         )
 
-    def get_rate_limits(self, account_id: str) -> dict[str, int]:
-        rows = self.connection.execute(
-            "SELECT route_group, per_minute FROM account_limits WHERE account_id = ?",
-            (account_id,),
-        )
-        return {group: per_minute for group, per_minute in rows}
-
     def get_bucket(
         self, account_id: str, route_group: str
     ) -> tuple[int | None, tuple[float, float] | None]:

@@ -90,10 +90,6 @@ class Reads(Protocol):
         """The account's live keys, newest first."""
         ...
 
-    def get_rate_limits(self, account_id: str) -> dict[str, int]:
-        """The account's own requests-per-minute, by route group (only those it has)."""
-        ...
-
     def get_bucket(
         self, account_id: str, route_group: str
     ) -> tuple[int | None, tuple[float, float] | None]:
