@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -47,12 +48,24 @@ def test_writes_are_durable_unless_told_otherwise(app, backend):
     assert app.store.write(setting) == durable
 
 
-def test_ids_are_random_and_unique(client, tenant):
-    ids = [send(client, tenant, email_body()).get_json()["id"] for _ in range(20)]
-    assert len(set(ids)) == 20
-    assert all(identifier.startswith("em_") and len(identifier) >= 26 for identifier in ids)
-    # Not sequential: no shared prefix beyond the type marker.
-    assert len({identifier[:6] for identifier in ids}) > 5
+def test_ids_are_unguessable_unique_and_sort_as_they_were_made(client, tenant, clock):
+    ids = []
+    for _ in range(20):
+        ids.append(send(client, tenant, email_body()).get_json()["id"])
+        clock.advance(0.001)
+    at_once = [send(client, tenant, email_body()).get_json()["id"] for _ in range(20)]
+    everyone = ids + at_once
+    assert len(set(everyone)) == 40
+    assert all(re.fullmatch(r"em_[a-z2-7]{26}", identifier) for identifier in everyone)
+    # Made later, sorted later (a new email lands at the end of the id's index) ...
+    assert ids == sorted(ids)
+    assert all(identifier > ids[-1] for identifier in at_once)
+    # ... and unguessable: after the time (48 bits: the first 9 characters and 3 bits of the
+    # 10th), 80 random bits, which ids made one after the other do not share: each of the 15
+    # characters before the last (5 random bits each) takes many values among them.
+    tails = [identifier[-16:-1] for identifier in at_once]
+    for position in range(15):
+        assert len({tail[position] for tail in tails}) > 5
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from typing import Any
 from .. import statuses, template_cpu
 from ..auth import Principal
 from ..errors import Forbidden, ValidationFailed
-from ..ids import new_id
+from ..ids import new_ordered_id
 from ..mail.addresses import Mailbox, parse_mailbox
 from ..mail.attachments import AttachmentLimits, parse_attachments
 from ..mail.headers import parse_headers
@@ -189,7 +189,7 @@ def prepare(
         for r in request.recipients
     )
     charged = sum(1 for r in recipients if r.status != statuses.SUPPRESSED)
-    email_id = new_id("em")
+    email_id = new_ordered_id("em", now)
     return NewEmail(
         id=email_id,
         account_id=account_id,

@@ -13,7 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from mailsvc.ids import new_id
+from mailsvc.ids import new_ordered_id
 from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
 
 #: Addresses the filled emails go to, one after the other: each gets count / ADDRESSES emails.
@@ -55,7 +55,7 @@ def fill(database: str, account_id: str, domain: str, count: int, due: bool = Fa
 
 
 def _email(account_id: str, domain: str, number: int, created_at: float) -> NewEmail:
-    email_id = new_id("em")
+    email_id = new_ordered_id("em", created_at)  # as the service makes them
     return NewEmail(
         id=email_id,
         account_id=account_id,
