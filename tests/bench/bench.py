@@ -29,6 +29,7 @@ target is held to. Not a test: run it by hand; numbers are for this machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from mailsvc.ids import new_id
+from mailsvc.ids import new_ordered_id
 from mailsvc.mail.dkim import sign_message
 from mailsvc.mail.message import build_message
 from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
@@ -52,6 +53,7 @@ from .parts import (
     count_emails,
     email,
     percentile,
+    postgres_database,
     prepare,
     serve,
     worker_pss_mb,
@@ -123,14 +125,11 @@ def bench_postgres(args, folder, sink) -> dict:
         import psycopg
     except ImportError:
         return {"skipped": "psycopg is not installed (pip install 'mailsvc[postgresql]')"}
-    try:
-        admin = psycopg.connect(args.postgres_url, autocommit=True, connect_timeout=5)
-    except psycopg.Error as exc:
-        return {"skipped": f"no PostgreSQL at {args.postgres_url}: {exc}"}
-    name = f"mailsvc_bench_{os.getpid()}_{new_id('r')[2:10]}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = args.postgres_url.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            _, url = stack.enter_context(postgres_database(args.postgres_url, "mailsvc_bench"))
+        except psycopg.Error as exc:
+            return {"skipped": f"no PostgreSQL at {args.postgres_url}: {exc}"}
         env = {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
         _, key = prepare(url)
         server = serve(env, args.workers)
@@ -140,9 +139,6 @@ def bench_postgres(args, folder, sink) -> dict:
             )
         finally:
             server.stop()
-    finally:
-        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
     return {"H2": accept, "E2E": end_to_end}
 
 
@@ -153,7 +149,7 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
 
     def fill(tx: Writes) -> tuple:
         for _ in range(args.drain):
-            email_id = new_id("em")
+            email_id = new_ordered_id("em", now)
             tx.enqueue_email(
                 NewEmail(
                     id=email_id,

@@ -1,5 +1,5 @@
 """What every case of the benchmark uses: the sink, gunicorn with the project's configuration,
-wrk, the bench account and its email, and a worker's memory."""
+wrk, the bench account and its email, a worker's memory, and PostgreSQL databases of its own."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from mailsvc import operator
+from mailsvc.ids import new_id
 from mailsvc.store import open_store
 
 from ..servers import Gunicorn, free_port
@@ -156,3 +159,21 @@ def count_emails(database: str) -> int:
         return sum(store.reads.count_emails_by_status().values())
     finally:
         store.shutdown()
+
+
+@contextmanager
+def postgres_database(server_url: str, prefix: str) -> Iterator[tuple[str, str]]:
+    """A new database on the PostgreSQL server of ``server_url``, named ``prefix`` and a random
+    part: its name and URL; dropped after, whoever is still connected.
+
+    :raises psycopg.Error: the server cannot be reached (in 5 s) or refuses.
+    """
+    import psycopg
+
+    name = f"{prefix}_{new_id('r')[2:12]}"
+    with psycopg.connect(server_url, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield name, server_url.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

@@ -21,10 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mailsvc.ids import new_id
-
 from ..servers import Gunicorn
-from .parts import ROOT, Sink, email, prepare, wrk
+from .parts import ROOT, Sink, email, postgres_database, prepare, wrk
 
 _STATEMENT = re.compile(r"LOG:  (?:execute [^:]+|statement): (.*)$")
 
@@ -43,17 +41,14 @@ def main() -> None:
     args = parser.parse_args()
     import psycopg
 
-    name = f"mailsvc_statements_{new_id('r')[2:12]}"
-    url = args.postgres_url.rsplit("/", 1)[0] + f"/{name}"
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-statements-"))
-    with psycopg.connect(args.postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            admin.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
+    try:
+        with postgres_database(args.postgres_url, "mailsvc_statements") as (name, url):
+            with psycopg.connect(args.postgres_url, autocommit=True) as admin:
+                admin.execute(f"ALTER DATABASE \"{name}\" SET log_statement = 'all'")
             emails, log = _run(args, url, folder)
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     kinds: collections.Counter[str] = collections.Counter()
     within = False
     for line in log.splitlines():

@@ -3,6 +3,7 @@
     git worktree add /tmp/mailsvc-base <commit>
     python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10] [--template]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--get /v1/emails?limit=10]
+        [--million 1000000]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
@@ -11,7 +12,9 @@ and the PSS of the master and workers together; the report gives each round and 
 the ratio of this checkout to the baseline. For a change whose effect is smaller than the noise
 between separate runs (memory, a few percent of throughput). With ``--postgres-url``, each server's
 store is a PostgreSQL database of its own on that server (made for it, dropped after it) instead of
-a SQLite file.
+a SQLite file. With ``--million N``, each version serves a store that already holds N emails
+(H2M's), filled once by that version's own code (so with the ids it makes) and copied for each
+round.
 """
 
 from __future__ import annotations
@@ -21,25 +24,63 @@ import json
 import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mailsvc.ids import new_id
-
 from ..servers import Gunicorn
 from . import openloop
 from .bench import accept_end_to_end
-from .parts import HTML, ROOT, Sink, email, prepare, worker_pss_mb, worker_rss_mb, wrk
+from .parts import (
+    HTML,
+    ROOT,
+    Sink,
+    email,
+    postgres_database,
+    prepare,
+    worker_pss_mb,
+    worker_rss_mb,
+    wrk,
+)
 
 
-def measure(checkout: Path, args) -> dict[str, float]:
+def measure(checkout: Path, args, filled: _Filled | None = None) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-versus-"))
     sink = Sink(folder)
+    if filled is not None:
+        database = str(folder / "bench.sqlite3")
+        shutil.copyfile(filled.database, database)
+        return _measure(checkout, args, folder, sink, database, filled.key)
     with _database(folder, args.postgres_url) as database:
         return _measure(checkout, args, folder, sink, database)
+
+
+class _Filled:
+    """A SQLite store holding ``count`` emails of one account, filled by ``checkout``'s own
+    code (``tests.bench.scale.fill``, in a process of its own)."""
+
+    def __init__(self, checkout: Path, folder: Path, version: str, count: int) -> None:
+        self.database = str(folder / f"filled-{version}.sqlite3")
+        script = (
+            "import sys\n"
+            "from tests.bench import scale\n"
+            "from tests.bench.parts import DOMAIN, prepare\n"
+            "account, key = prepare(sys.argv[1])\n"
+            "scale.fill(sys.argv[1], account, DOMAIN, int(sys.argv[2]))\n"
+            "print(key)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, self.database, str(count)],
+            cwd=checkout,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        self.key = done.stdout.split()[-1]
 
 
 @contextmanager
@@ -48,19 +89,15 @@ def _database(folder: Path, postgres_url: str | None) -> Iterator[str]:
     if postgres_url is None:
         yield str(folder / "bench.sqlite3")
         return
-    import psycopg
-
-    name = f"mailsvc_versus_{new_id('r')[2:12]}"
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield postgres_url.rsplit("/", 1)[0] + f"/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with postgres_database(postgres_url, "mailsvc_versus") as (_, url):
+        yield url
 
 
-def _measure(checkout: Path, args, folder: Path, sink: Sink, database: str) -> dict[str, float]:
-    _, key = prepare(database)
+def _measure(
+    checkout: Path, args, folder: Path, sink: Sink, database: str, key: str | None = None
+) -> dict[str, float]:
+    if key is None:
+        _, key = prepare(database)
     env = {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
     server = Gunicorn(env, args.workers)
     server.root = checkout
@@ -139,11 +176,28 @@ def main() -> None:
     parser.add_argument(
         "--get", help="then GETs of this path too (wrk at peak), e.g. /v1/emails?limit=10"
     )
+    parser.add_argument(
+        "--million", type=int, help="serve stores that already hold this many emails (SQLite)"
+    )
     args = parser.parse_args()
-    rounds = [
-        {"baseline": measure(args.baseline.resolve(), args), "this": measure(ROOT, args)}
-        for _ in range(args.rounds)
-    ]
+    if args.million and args.postgres_url:
+        parser.error("--million fills SQLite stores: not with --postgres-url")
+    checkouts = {"baseline": args.baseline.resolve(), "this": ROOT}
+    shared = Path(tempfile.mkdtemp(prefix="mailsvc-versus-filled-"))
+    try:
+        filled: dict[str, _Filled | None] = {version: None for version in checkouts}
+        if args.million:
+            for version, checkout in checkouts.items():
+                filled[version] = _Filled(checkout, shared, version, args.million)
+        rounds = [
+            {
+                version: measure(checkout, args, filled[version])
+                for version, checkout in checkouts.items()
+            }
+            for _ in range(args.rounds)
+        ]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
     heads = "".join(f"{f'round {n}':>10}" for n in range(1, args.rounds + 1))
     print(f"{'figure':<12}{'version':<10}{heads}")
     for figure in rounds[0]["this"]:
