@@ -56,12 +56,17 @@ class RateLimiter:
     def __init__(self, defaults: Mapping[str, int]) -> None:
         self.defaults = dict(defaults)
 
+    def per_minute(self, own: int | None, group: str) -> int:
+        """The group's limit for an account: its own (``own``), where it has one, else the
+        default."""
+        return own or self.defaults[group]
+
     def admit(self, caller: Caller, principal: Principal, group: str, now: float) -> Admission:
         """Let the request in if its bucket, refilled to ``now``, has a token.
 
         :raises RateLimited: it has none; ``retry_after`` says when it will.
         """
-        per_minute = caller.own_limit or self.defaults[group]
+        per_minute = self.per_minute(caller.own_limit, group)
         tokens = tokens_at(caller.bucket, per_minute, now)
         if tokens < 1.0:
             raise _limited(group, per_minute, tokens)

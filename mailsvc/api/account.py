@@ -37,7 +37,7 @@ def _limits_and_remaining(
     limits, remaining = {}, {}
     for group in (*ROUTE_GROUPS, template_cpu.GROUP):
         own, bucket = view.get_bucket(account_id, group)
-        limits[group] = own or services.limiter.defaults[group]
+        limits[group] = services.limiter.per_minute(own, group)
         remaining[group] = int(tokens_at(bucket, limits[group], now))
     return limits, remaining
 
