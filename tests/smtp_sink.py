@@ -79,6 +79,7 @@ class SmtpSink:
         self.connections = 0
         self._lock = threading.Condition()
         self._open: set[socket.socket] = set()
+        self._reading: set[_Session] = set()  # sessions in the middle of a message's data
         sink = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -126,6 +127,23 @@ class SmtpSink:
                 self._lock.wait(left)
             return list(self.messages)
 
+    def settle(self, timeout: float = 10.0) -> int:
+        """Wait until every message that was being read when called has been read to its end
+        (a client killed after its last line leaves that line in the socket, still to be read);
+        return how many messages were accepted by then."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            started = {session: session.messages_started for session in self._reading}
+            while any(
+                session in self._reading and session.messages_started == count
+                for session, count in started.items()
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError("a message is still being read")
+                self._lock.wait(left)
+            return len(self.messages)
+
     def _serve(self, handler: socketserver.StreamRequestHandler) -> None:
         with self._lock:
             self.connections += 1
@@ -168,6 +186,7 @@ class _Session:
         self.recipients: list[str] = []
         self.secure = False
         self.user: str | None = None
+        self.messages_started = 0
         if sink.tls is not None and sink.implicit_tls:
             self._start_tls()
 
@@ -229,7 +248,6 @@ class _Session:
                 if not self.recipients:
                     self.reply(503, "5.5.1 no valid recipients")
                     continue
-                self.reply(354, "end data with <CR><LF>.<CR><LF>")
                 if not self._data():
                     return
             elif verb == "RSET":
@@ -265,7 +283,20 @@ class _Session:
             self.reply(535, "5.7.8 bad credentials")
 
     def _data(self) -> bool:
-        """Read one message; False when the connection ends."""
+        """Invite and read one message; False when the connection ends. The session counts as
+        reading from before the invitation, which the client must see before it sends."""
+        with self.sink._lock:
+            self.messages_started += 1
+            self.sink._reading.add(self)
+        try:
+            self.reply(354, "end data with <CR><LF>.<CR><LF>")
+            return self._read_message()
+        finally:
+            with self.sink._lock:
+                self.sink._reading.discard(self)
+                self.sink._lock.notify_all()
+
+    def _read_message(self) -> bool:
         lines = []
         while True:
             line = self.rfile.readline(65536)

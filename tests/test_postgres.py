@@ -258,7 +258,7 @@ def test_a_host_killed_mid_delivery_leaves_its_mail_to_the_other(two_hosts, sink
     accepted = {f"<{body['id']}@{VERIFIED}>" for _, body in answers}
     wait_until(lambda: len(sink.messages) >= 10, what="deliveries under way")
     doomed.kill_all()  # kill -9 of the whole host: master and workers
-    killed_at = len(sink.messages)
+    killed_at = sink.settle()  # once the sink has read what the doomed host sent before it died
     wait_until(lambda: count_by_status(store) == {"sent": 80}, timeout=90, what="all sent")
     survivor.stop()
     received = Counter(message.message_id for message in sink.messages)
