@@ -2,9 +2,10 @@
 
 It speaks plain SMTP, STARTTLS or implicit TLS (given a server ``ssl.SSLContext``), and AUTH
 PLAIN/LOGIN when given credentials. Per recipient it can accept or answer any code at RCPT;
-per message it can answer any code after DATA or drop the connection instead of answering; it
-can delay every reply. It logs every message it accepted, with its Message-ID, and counts
-connections.
+per message it can answer any code to MAIL FROM, to DATA and after the data, or drop the
+connection instead of answering; it can delay every reply. It offers PIPELINING (RFC 2920) unless
+told not to, and notes whether a client sent the rest of a transaction before it had answered
+MAIL FROM. It logs every message it accepted, with its Message-ID, and counts connections.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Received:
     tls: bool = False
     user: str | None = None
     mail_options: list[str] = field(default_factory=list)
+    #: The commands after MAIL FROM had arrived before the sink answered it.
+    pipelined: bool = False
 
     @property
     def message(self) -> Message:
@@ -55,6 +58,12 @@ class Behaviour:
     drop_after_data: bool = False
     delay_seconds: float = 0.0
     smtputf8: bool = True
+    pipelining: bool = True
+    #: The reply to MAIL FROM, and to DATA, instead of accepting it.
+    mail_reply: Reply | None = None
+    data_command_reply: Reply | None = None
+    #: Answer DATA with 354 even with no recipient (as RFC 2920 says a client must expect).
+    data_without_recipients: bool = False
 
 
 class SmtpSink:
@@ -107,6 +116,10 @@ class SmtpSink:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        self.hang_up()
+
+    def hang_up(self) -> None:
+        """Close every open connection, as a relay does with idle ones; go on listening."""
         with self._lock:
             for connection in list(self._open):
                 try:
@@ -187,6 +200,7 @@ class _Session:
         self.secure = False
         self.user: str | None = None
         self.messages_started = 0
+        self.pipelined = False
         if sink.tls is not None and sink.implicit_tls:
             self._start_tls()
 
@@ -219,6 +233,8 @@ class _Session:
                 features = ["sink.test", "8BITMIME", "SIZE 10485760"]
                 if self.sink.behaviour.smtputf8:
                     features.append("SMTPUTF8")
+                if self.sink.behaviour.pipelining:
+                    features.append("PIPELINING")
                 if self.sink.tls is not None and not self.secure:
                     features.append("STARTTLS")
                 if self.sink.credentials:
@@ -234,10 +250,17 @@ class _Session:
             elif verb == "HELO":
                 self.reply(250, "sink.test")
             elif verb == "MAIL":
+                self.pipelined = self._waiting()
+                if self.sink.behaviour.mail_reply is not None:
+                    self.mail_from, self.recipients = None, []
+                    self.reply(*self.sink.behaviour.mail_reply)
+                    continue
                 self.mail_from = _angle(argument)
                 self.mail_options = argument.rpartition(">")[2].split()
                 self.recipients = []
                 self.reply(250, "2.1.0 ok")
+            elif verb == "RCPT" and self.mail_from is None:
+                self.reply(503, "5.5.1 MAIL first")
             elif verb == "RCPT":
                 address = _angle(argument)
                 code, text = self.sink.behaviour.rcpt_replies.get(address, (250, "2.1.5 ok"))
@@ -245,7 +268,10 @@ class _Session:
                     self.recipients.append(address)
                 self.reply(code, text)
             elif verb == "DATA":
-                if not self.recipients:
+                if self.sink.behaviour.data_command_reply is not None:
+                    self.reply(*self.sink.behaviour.data_command_reply)
+                    continue
+                if not self.recipients and not self.sink.behaviour.data_without_recipients:
                     self.reply(503, "5.5.1 no valid recipients")
                     continue
                 if not self._data():
@@ -260,6 +286,17 @@ class _Session:
                 return
             else:
                 self.reply(500, "5.5.2 command not recognised")
+
+    def _waiting(self) -> bool:
+        """Whether the client's next bytes have arrived already (read without waiting)."""
+        timeout = self.socket.gettimeout()
+        self.socket.settimeout(0.0)
+        try:
+            return bool(self.rfile.peek(1))
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return False
+        finally:
+            self.socket.settimeout(timeout)
 
     def _authenticate(self, argument: str) -> None:
         mechanism, _, initial = argument.partition(" ")
@@ -313,8 +350,13 @@ class _Session:
             tls=self.secure,
             user=self.user,
             mail_options=self.mail_options,
+            pipelined=self.pipelined,
         )
         behaviour = self.sink.behaviour
+        if not self.recipients:
+            self.sink._log(received, accepted=False)
+            self.reply(554, "5.5.1 no valid recipients")
+            return True
         if behaviour.drop_after_data:
             self.sink._log(received, accepted=False)
             return False

@@ -211,9 +211,9 @@ class SmtpRelay:
         self, sender: str, recipients: Sequence[str], build: MessageBuilder
     ) -> list[Reply]:
         """One SMTP transaction; reads every recipient's RCPT reply, as smtplib's
-        ``sendmail()`` reports refused recipients, but keeps the replies of all of them."""
-        replies: list[Reply | None] = [None] * len(recipients)
-        phase = "connecting"
+        ``sendmail()`` reports refused recipients, but keeps the replies of all of them. Where
+        the relay offers PIPELINING (RFC 2920), MAIL, every RCPT and DATA go in one write."""
+        exchange = _Exchange(recipients)
         try:
             try:
                 connection = self._ready_connection()
@@ -226,53 +226,34 @@ class SmtpRelay:
                 return [_NEEDS_SMTPUTF8] * len(recipients)
             # Declared only when an address needs it; then, and only then, headers are UTF-8.
             utf8 = utf8 and _needs_utf8(sender, recipients)
-            phase = "MAIL FROM"
-            code, text = _command(
-                connection, f"MAIL FROM:<{sender}>" + (" SMTPUTF8" if utf8 else "")
-            )
-            if code != 250:
-                connection.rset()
-                return [Reply(code, _text(text))] * len(recipients)
-            phase = "RCPT TO"
+            exchange.mail = f"MAIL FROM:<{sender}>" + (" SMTPUTF8" if utf8 else "")
             for index, recipient in enumerate(recipients):
                 if not utf8 and not recipient.isascii():
-                    replies[index] = _NEEDS_SMTPUTF8
-                    continue
-                code, text = _command(connection, f"RCPT TO:<{recipient}>")
-                replies[index] = Reply(code, _text(text))
-            accepted = [i for i, reply in enumerate(replies) if reply and reply.code in (250, 251)]
-            if not accepted:
-                connection.rset()
-                return [reply for reply in replies if reply is not None]
-            try:
-                message = build(utf8)
-            except Exception as exc:
-                connection.rset()
-                failure = _not_built(exc)
-                return [failure if i in accepted else r for i, r in enumerate(replies) if r]
-            phase = "DATA"
-            code, text = _data(connection, message)
-            for index in accepted:
-                replies[index] = Reply(code, _text(text))
+                    exchange.replies[index] = _NEEDS_SMTPUTF8
+            if connection.has_extn("pipelining"):
+                replies = exchange.pipelined(connection, lambda: build(utf8))
+            else:
+                replies = exchange.lockstep(connection, lambda: build(utf8))
         except smtplib.SMTPResponseException as exc:
             self._drop()
-            if phase == "connecting":
+            if exchange.phase == "connecting":
                 # TLS or AUTH refused: the relay's set-up, not the message; as Postfix, defer.
                 reason = f"connecting: {exc.smtp_code} {_text(exc.smtp_error)}"
                 return [Reply(None, reason, reached=False)] * len(recipients)
             # DATA refused before the message was sent (no 354).
             failure = Reply(exc.smtp_code, _text(exc.smtp_error))
-            return [failure if r is None or r.code in (250, 251) else r for r in replies]
+            return [failure if r is None or r.code in (250, 251) else r for r in exchange.replies]
         except (OSError, smtplib.SMTPException) as exc:
             # No reply: refused, timed out, or lost, even after the end of DATA.
             self._drop()
+            phase = exchange.phase
             failure = Reply(None, f"{phase}: {_describe(exc)}", reached=phase != "connecting")
             return [
                 failure if r is None or (phase == "DATA" and r.code in (250, 251)) else r
-                for r in replies
+                for r in exchange.replies
             ]
         self._last_used = time.monotonic()
-        return [reply for reply in replies if reply is not None]
+        return replies
 
     def _ready_connection(self) -> smtplib.SMTP:
         idle = time.monotonic() - self._last_used
@@ -408,18 +389,107 @@ def _command(connection: smtplib.SMTP, line: str) -> tuple[int, bytes]:
     return connection.getreply()
 
 
-def _data(connection: smtplib.SMTP, message: bytes) -> tuple[int, bytes]:
-    """DATA: the message, dot-stuffed, then the end of data; the relay's reply.
+class _Exchange:
+    """One SMTP transaction as it goes: the step it is at (which an error is reported in) and
+    each recipient's reply so far (None until the relay gives one).
+
+    Its steps raise what smtplib and the socket raise; :class:`SmtpRelay` turns that into
+    replies.
+    """
+
+    def __init__(self, recipients: Sequence[str]) -> None:
+        self.recipients = recipients
+        self.replies: list[Reply | None] = [None] * len(recipients)
+        self.phase = "connecting"
+        self.mail = ""
+
+    def lockstep(self, connection: smtplib.SMTP, build: Callable[[], bytes]) -> list[Reply]:
+        """Each command, then its reply, in turn; the message is built once a recipient is
+        accepted."""
+        self.phase = "MAIL FROM"
+        code, text = _command(connection, self.mail)
+        if code != 250:
+            connection.rset()
+            return [Reply(code, _text(text))] * len(self.recipients)
+        self.phase = "RCPT TO"
+        for index in self._sendable():
+            code, text = _command(connection, f"RCPT TO:<{self.recipients[index]}>")
+            self.replies[index] = Reply(code, _text(text))
+        accepted = self._accepted()
+        if not accepted:
+            connection.rset()
+            return self._given()
+        try:
+            message = build()
+        except Exception as exc:
+            connection.rset()
+            failure = _not_built(exc)
+            return [failure if i in accepted else r for i, r in enumerate(self.replies) if r]
+        self.phase = "DATA"
+        code, text = _command(connection, "DATA")
+        if code != 354:
+            raise smtplib.SMTPDataError(code, text)
+        return self._sent(accepted, *_message(connection, message))
+
+    def pipelined(self, connection: smtplib.SMTP, build: Callable[[], bytes]) -> list[Reply]:
+        """MAIL, each RCPT and DATA in one write (RFC 2920), then their replies in order: two
+        round trips a message instead of three and one a recipient. The message is built first,
+        since the relay may answer DATA with 354 at once; one that cannot be built never
+        reaches the relay."""
+        sendable = self._sendable()
+        if not sendable:
+            return self._given()
+        try:
+            message = build()
+        except Exception as exc:
+            failure = _not_built(exc)
+            return [failure if r is None else r for r in self.replies]
+        group = [self.mail, *(f"RCPT TO:<{self.recipients[i]}>" for i in sendable), "DATA"]
+        self.phase = "MAIL FROM"
+        connection.send(("\r\n".join(group) + "\r\n").encode("utf-8"))
+        code, text = connection.getreply()
+        refused = None if code == 250 else Reply(code, _text(text))
+        self.phase = "RCPT TO"
+        for index in sendable:
+            code, text = connection.getreply()
+            self.replies[index] = refused or Reply(code, _text(text))
+        self.phase = "DATA"
+        code, text = connection.getreply()
+        accepted = self._accepted()
+        if refused or not accepted:
+            if code == 354:
+                # RFC 2920, 3.1: a relay that asks for data it should not take is sent a
+                # single dot, which ends an empty message it must then refuse.
+                connection.send(b".\r\n")
+                connection.getreply()
+            connection.rset()
+            return [refused] * len(self.recipients) if refused else self._given()
+        if code != 354:
+            raise smtplib.SMTPDataError(code, text)
+        return self._sent(accepted, *_message(connection, message))
+
+    def _sendable(self) -> list[int]:
+        return [i for i, reply in enumerate(self.replies) if reply is None]
+
+    def _accepted(self) -> list[int]:
+        return [i for i, reply in enumerate(self.replies) if reply and reply.code in (250, 251)]
+
+    def _given(self) -> list[Reply]:
+        return [reply for reply in self.replies if reply is not None]
+
+    def _sent(self, accepted: Sequence[int], code: int, text: bytes) -> list[Reply]:
+        for index in accepted:
+            self.replies[index] = Reply(code, _text(text))
+        return self._given()
+
+
+def _message(connection: smtplib.SMTP, message: bytes) -> tuple[int, bytes]:
+    """After DATA's 354: the message, dot-stuffed, then the end of data; the relay's reply.
 
     The message has CRLF line ends and no bare CR or LF (it is built so), so a dot that starts a
     line follows a CRLF: one replace of bytes does what smtplib's regular expression over the
     whole message does, in a tenth of the time.
-
-    :raises smtplib.SMTPDataError: the relay did not take the data (no 354).
     """
-    code, reply = _command(connection, "DATA")
-    if code != 354:
-        raise smtplib.SMTPDataError(code, reply)
     stuffed = message.replace(b"\r\n.", b"\r\n..")
     if stuffed.startswith(b"."):
         stuffed = b"." + stuffed

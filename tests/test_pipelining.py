@@ -1,0 +1,136 @@
+"""SMTP PIPELINING (RFC 2920): where the relay offers it, MAIL, every RCPT and DATA go in one
+write, and every reply of the group is read and kept; where it does not, one command at a time.
+Each case runs both ways against the same sink and must give the same replies."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mailsvc.delivery.transport import RelayUrl, SmtpRelay
+
+from .smtp_sink import SmtpSink
+
+SENDER = "hello@verified.test"
+
+
+def message(number: int = 1) -> bytes:
+    return (
+        f"From: {SENDER}\r\nTo: a@example.org\r\nSubject: n{number}\r\n"
+        f"Message-ID: <n{number}@verified.test>\r\n\r\n.a line that starts with a dot\r\nend\r\n"
+    ).encode()
+
+
+@pytest.fixture(params=[True, False], ids=["pipelining", "lockstep"])
+def relay(request, sink: SmtpSink):
+    sink.behaviour.pipelining = request.param
+    relay = SmtpRelay(RelayUrl.parse(sink.url), timeout=5)
+    yield relay, request.param
+    relay.close()
+
+
+def replies_of(relay: SmtpRelay, recipients: list[str], build=lambda utf8: message()) -> list:
+    return [(reply.code, reply.text) for reply in relay.send(SENDER, recipients, build)]
+
+
+def test_a_refused_recipient_keeps_its_reply_and_the_others_get_the_message(relay, sink):
+    relay, offered = relay
+    sink.behaviour.rcpt_replies["gone@example.org"] = (550, "5.1.1 no such user")
+    replies = replies_of(relay, ["a@example.org", "gone@example.org", "b@example.org"])
+    assert replies == [(250, "2.0.0 queued"), (550, "5.1.1 no such user"), (250, "2.0.0 queued")]
+    [received] = sink.messages
+    assert received.recipients == ["a@example.org", "b@example.org"]
+    assert received.mail_from == SENDER
+    assert received.data == message()  # dot-stuffed on the wire, whole again in the sink
+    assert received.pipelined is offered  # never sent ahead where it was not offered
+
+
+def test_every_recipient_refused_sends_nothing_and_the_connection_goes_on(relay, sink):
+    relay, _ = relay
+    sink.behaviour.rcpt_replies = {
+        "x@example.org": (550, "5.1.1 no"),
+        "y@example.org": (450, "4.2.1 busy"),
+    }
+    assert replies_of(relay, ["x@example.org", "y@example.org"]) == [
+        (550, "5.1.1 no"),
+        (450, "4.2.1 busy"),
+    ]
+    assert sink.messages == [] and sink.dropped == []
+    assert replies_of(relay, ["a@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
+    [received] = sink.messages
+    assert received.data == message(2) and sink.connections == 1
+
+
+def test_a_relay_that_asks_for_data_with_no_recipient_gets_an_empty_message_and_a_reset(sink):
+    # RFC 2920, 3.1: the client must read DATA's reply even when every RCPT was refused, and if
+    # it is 354, end the data at once.
+    sink.behaviour.data_without_recipients = True
+    sink.behaviour.rcpt_replies["x@example.org"] = (550, "5.1.1 no")
+    relay = SmtpRelay(RelayUrl.parse(sink.url), timeout=5)
+    try:
+        assert replies_of(relay, ["x@example.org"]) == [(550, "5.1.1 no")]
+        [empty] = sink.dropped
+        assert empty.data == b"" and empty.recipients == []
+        assert replies_of(relay, ["a@example.org"], lambda utf8: message(2)) == [
+            (250, "2.0.0 queued")
+        ]
+        [received] = sink.messages
+        assert received.data == message(2) and received.recipients == ["a@example.org"]
+        assert sink.connections == 1
+    finally:
+        relay.close()
+
+
+def test_a_refused_sender_is_every_recipients_reply(relay, sink):
+    relay, _ = relay
+    sink.behaviour.mail_reply = (451, "4.7.1 sender greylisted")
+    replies = replies_of(relay, ["a@example.org", "b@example.org"])
+    assert replies == [(451, "4.7.1 sender greylisted")] * 2
+    assert sink.messages == [] and sink.dropped == []
+    sink.behaviour.mail_reply = None
+    assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
+    assert len(sink.messages) == 1 and sink.connections == 1
+
+
+def test_data_refused_is_the_reply_of_the_accepted_recipients(relay, sink):
+    relay, _ = relay
+    sink.behaviour.data_command_reply = (452, "4.3.1 out of space")
+    sink.behaviour.rcpt_replies["gone@example.org"] = (550, "5.1.1 no such user")
+    replies = replies_of(relay, ["a@example.org", "gone@example.org"])
+    assert replies == [(452, "4.3.1 out of space"), (550, "5.1.1 no such user")]
+    assert sink.messages == []
+
+
+def test_a_message_that_cannot_be_built_fails_for_its_recipients(relay, sink):
+    relay, _ = relay
+
+    def broken(utf8: bool) -> bytes:
+        raise ValueError("an attachment went missing")
+
+    sink.behaviour.rcpt_replies["gone@example.org"] = (550, "5.1.1 no such user")
+    replies = relay.send(SENDER, ["a@example.org"], broken)
+    assert [(r.code, r.enhanced_code) for r in replies] == [(554, "5.6.0")]
+    assert "an attachment went missing" in replies[0].text
+    assert sink.messages == []
+    assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
+
+
+def test_a_kept_connection_the_relay_closed_is_opened_again(relay, sink):
+    relay, offered = relay
+    assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
+    sink.hang_up()
+    time.sleep(0.2)  # the relay's close reaches this end
+    assert replies_of(relay, ["b@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
+    assert [m.recipients for m in sink.messages] == [["a@example.org"], ["b@example.org"]]
+    assert sink.connections == 2
+    assert [m.pipelined for m in sink.messages] == [offered, offered]
+
+
+def test_a_lost_connection_mid_group_fails_the_recipients_without_a_reply(relay, sink):
+    relay, _ = relay
+    sink.behaviour.drop_after_data = True
+    replies = relay.send(SENDER, ["a@example.org", "b@example.org"], lambda utf8: message())
+    assert [r.code for r in replies] == [None, None]
+    assert all(r.text.startswith("DATA: ") and r.reached for r in replies)
+    assert sink.messages == [] and len(sink.dropped) == 1
