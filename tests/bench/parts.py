@@ -29,19 +29,26 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 class Sink:
-    """The SMTP sink process and its log of ``time message-id`` lines."""
+    """The SMTP sink process and its log of ``time message-id`` lines.
 
-    def __init__(self, folder: Path) -> None:
+    :param rtt_ms: put the sink that many milliseconds of round trip away (a process of
+        :mod:`.latency` in front of it); ``port`` is then the proxy's.
+    """
+
+    def __init__(self, folder: Path, rtt_ms: float | None = None) -> None:
         self.port = free_port()
         self.log = folder / "sink.log"
         self.log.touch()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.sink", str(self.port), str(self.log)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
+        self.process = _ready(
+            [sys.executable, "-m", "tests.bench.sink", str(self.port), str(self.log)]
         )
-        assert self.process.stdout is not None
-        self.process.stdout.readline()
+        self.proxy = None
+        if rtt_ms:
+            sink_port, self.port = self.port, free_port()
+            self.proxy = _ready(
+                [sys.executable, "-m", "tests.bench.latency", str(self.port), str(sink_port)]
+                + [str(rtt_ms)]
+            )
 
     def received(self) -> list[tuple[float, str]]:
         lines = self.log.read_text().splitlines()
@@ -59,8 +66,19 @@ class Sink:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.kill()
+            self.proxy.wait(timeout=10)
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(timeout=10)
+
+
+def _ready(command: list[str]) -> subprocess.Popen:
+    """A process of the bench's, once it has printed its first line (``ready``)."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    process.stdout.readline()
+    return process
 
 
 def serve(env: dict[str, str], workers: int, app: str | None = None) -> Gunicorn:

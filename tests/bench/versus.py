@@ -3,7 +3,7 @@
     git worktree add /tmp/mailsvc-base <commit>
     python -m tests.bench.versus /tmp/mailsvc-base [--rounds 3] [--seconds 10] [--template]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres] [--get /v1/emails?limit=10]
-        [--million 1000000]
+        [--million 1000000] [--relay-rtt 20]
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
@@ -14,7 +14,8 @@ between separate runs (memory, a few percent of throughput). With ``--postgres-u
 store is a PostgreSQL database of its own on that server (made for it, dropped after it) instead of
 a SQLite file. With ``--million N``, each version serves a store that already holds N emails
 (H2M's), filled once by that version's own code (so with the ids it makes) and copied for each
-round.
+round. With ``--relay-rtt MS``, the sink is that many milliseconds of round trip away (a proxy
+that delays every byte by half of it each way).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .parts import (
 
 def measure(checkout: Path, args, filled: _Filled | None = None) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-versus-"))
-    sink = Sink(folder)
+    sink = Sink(folder, args.relay_rtt)
     if filled is not None:
         database = str(folder / "bench.sqlite3")
         shutil.copyfile(filled.database, database)
@@ -178,6 +179,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--million", type=int, help="serve stores that already hold this many emails (SQLite)"
+    )
+    parser.add_argument(
+        "--relay-rtt", type=float, help="the sink this many milliseconds of round trip away"
     )
     args = parser.parse_args()
     if args.million and args.postgres_url:
