@@ -200,6 +200,7 @@ class _Session:
         self.secure = False
         self.user: str | None = None
         self.messages_started = 0
+        self._unsent: list[str] = []
         self.pipelined = False
         if sink.tls is not None and sink.implicit_tls:
             self._start_tls()
@@ -218,8 +219,14 @@ class _Session:
         out = "".join(
             f"{code}{'-' if i < len(lines) - 1 else ' '}{line}\r\n" for i, line in enumerate(lines)
         )
-        self.wfile.write(out.encode("utf-8"))
-        self.wfile.flush()
+        self._unsent.append(out)
+        # RFC 2920: the replies to commands that came together go together, once the last of
+        # them is answered (a reply each, written at once, would wait on the client's delayed
+        # ACK under Nagle's algorithm, as no real relay makes it wait).
+        if not self._waiting():
+            self.wfile.write("".join(self._unsent).encode("utf-8"))
+            self.wfile.flush()
+            self._unsent.clear()
 
     def run(self) -> None:
         self.reply(220, "sink.test ESMTP test sink")
