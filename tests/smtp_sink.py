@@ -59,8 +59,9 @@ class Behaviour:
     delay_seconds: float = 0.0
     smtputf8: bool = True
     pipelining: bool = True
-    #: The reply to MAIL FROM, and to DATA, instead of accepting it.
-    mail_reply: Reply | None = None
+    #: Replies to the next MAIL FROMs, one each, instead of accepting them (a 421 then closes
+    #: the connection, as RFC 5321 says); and the reply to DATA instead of accepting it.
+    mail_replies: list[Reply] = field(default_factory=list)
     data_command_reply: Reply | None = None
     #: Answer DATA with 354 even with no recipient (as RFC 2920 says a client must expect).
     data_without_recipients: bool = False
@@ -224,11 +225,21 @@ class _Session:
         # them is answered (a reply each, written at once, would wait on the client's delayed
         # ACK under Nagle's algorithm, as no real relay makes it wait).
         if not self._waiting():
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._unsent:
             self.wfile.write("".join(self._unsent).encode("utf-8"))
             self.wfile.flush()
             self._unsent.clear()
 
     def run(self) -> None:
+        try:
+            self._converse()
+        finally:
+            self._flush()  # what is answered goes out, even when the sink ends the session
+
+    def _converse(self) -> None:
         self.reply(220, "sink.test ESMTP test sink")
         while True:
             line = self.rfile.readline(65536)
@@ -258,9 +269,12 @@ class _Session:
                 self.reply(250, "sink.test")
             elif verb == "MAIL":
                 self.pipelined = self._waiting()
-                if self.sink.behaviour.mail_reply is not None:
+                if self.sink.behaviour.mail_replies:
+                    code, text = self.sink.behaviour.mail_replies.pop(0)
                     self.mail_from, self.recipients = None, []
-                    self.reply(*self.sink.behaviour.mail_reply)
+                    self.reply(code, text)
+                    if code == 421:
+                        return
                     continue
                 self.mail_from = _angle(argument)
                 self.mail_options = argument.rpartition(">")[2].split()

@@ -84,11 +84,10 @@ def test_a_relay_that_asks_for_data_with_no_recipient_gets_an_empty_message_and_
 
 def test_a_refused_sender_is_every_recipients_reply(relay, sink):
     relay, _ = relay
-    sink.behaviour.mail_reply = (451, "4.7.1 sender greylisted")
+    sink.behaviour.mail_replies = [(451, "4.7.1 sender greylisted")]
     replies = replies_of(relay, ["a@example.org", "b@example.org"])
     assert replies == [(451, "4.7.1 sender greylisted")] * 2
     assert sink.messages == [] and sink.dropped == []
-    sink.behaviour.mail_reply = None
     assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
     assert len(sink.messages) == 1 and sink.connections == 1
 
@@ -125,6 +124,17 @@ def test_a_kept_connection_the_relay_closed_is_opened_again(relay, sink):
     assert [m.recipients for m in sink.messages] == [["a@example.org"], ["b@example.org"]]
     assert sink.connections == 2
     assert [m.pipelined for m in sink.messages] == [offered, offered]
+
+
+def test_a_kept_connection_the_relay_closes_with_421_is_opened_again(relay, sink):
+    # A relay that times a connection out answers the next command 421 and closes it (RFC 5321,
+    # 3.8); nothing was sent, so the message goes at once on a new connection.
+    relay, offered = relay
+    assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
+    sink.behaviour.mail_replies = [(421, "4.4.2 sink.test closing: idle too long")]
+    assert replies_of(relay, ["b@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
+    assert [m.recipients for m in sink.messages] == [["a@example.org"], ["b@example.org"]]
+    assert sink.connections == 2 and sink.messages[1].pipelined is offered
 
 
 def test_a_lost_connection_mid_group_fails_the_recipients_without_a_reply(relay, sink):

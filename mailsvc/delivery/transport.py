@@ -448,6 +448,11 @@ class _Exchange:
         self.phase = "MAIL FROM"
         connection.send(("\r\n".join(group) + "\r\n").encode("utf-8"))
         code, text = connection.getreply()
+        if code == 421:
+            # The relay is closing the connection (RFC 5321, 3.8), as one that timed a kept
+            # connection out does: lost before anything was sent, as one command at a time
+            # finds it too.
+            raise smtplib.SMTPServerDisconnected(f"{code} {_text(text)}")
         refused = None if code == 250 else Reply(code, _text(text))
         self.phase = "RCPT TO"
         for index in sendable:
