@@ -9,7 +9,7 @@ from werkzeug.test import Client
 
 from mailsvc import create_app
 from mailsvc.delivery.outcome import RetryPolicy, decide, recipient_outcome
-from mailsvc.delivery.transport import Reply
+from mailsvc.delivery.smtp import Reply
 from mailsvc.store import EmailRecord, Recipient
 
 from .conftest import VERIFIED, make_tenant

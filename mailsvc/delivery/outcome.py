@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .. import statuses
 from ..store import EmailRecord, Recipient
-from .transport import Reply
+from .smtp import Reply
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ from ..store import Attachment, EmailRecord, Recipient, Store, Suppression, Writ
 from ..webhooks.events import after_attempt
 from .leased import LeasedPool
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
-from .transport import RelayHealth, RelayUrl, Reply, Transport, open_transport
+from .smtp import Reply
+from .transport import RelayHealth, RelayUrl, Transport, open_transport
 
 log = logging.getLogger("mailsvc.delivery")
 

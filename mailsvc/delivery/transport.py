@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import smtplib
 import socket
 import ssl
@@ -25,26 +24,12 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..settings import Settings, SettingsError
+from .smtp import Exchange, Reply, not_built, text_of
 
 log = logging.getLogger("mailsvc.delivery")
 
-_ENHANCED = re.compile(r"^([245]\.\d{1,3}\.\d{1,3})\b")
 #: A connection unused for longer than this is checked with NOOP before it is used again.
 _IDLE_CHECK_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class Reply:
-    code: int | None
-    text: str
-    #: False when the relay itself could not be reached (refused, timed out, TLS or login
-    #: refused): nothing was asked of it for this message.
-    reached: bool = True
-
-    @property
-    def enhanced_code(self) -> str | None:
-        match = _ENHANCED.match(self.text)
-        return match.group(1) if match else None
 
 
 #: Builds the message; its argument says whether headers may carry raw UTF-8.
@@ -213,7 +198,7 @@ class SmtpRelay:
         """One SMTP transaction; reads every recipient's RCPT reply, as smtplib's
         ``sendmail()`` reports refused recipients, but keeps the replies of all of them. Where
         the relay offers PIPELINING (RFC 2920), MAIL, every RCPT and DATA go in one write."""
-        exchange = _Exchange(recipients)
+        exchange = Exchange(recipients)
         try:
             try:
                 connection = self._ready_connection()
@@ -238,10 +223,10 @@ class SmtpRelay:
             self._drop()
             if exchange.phase == "connecting":
                 # TLS or AUTH refused: the relay's set-up, not the message; as Postfix, defer.
-                reason = f"connecting: {exc.smtp_code} {_text(exc.smtp_error)}"
+                reason = f"connecting: {exc.smtp_code} {text_of(exc.smtp_error)}"
                 return [Reply(None, reason, reached=False)] * len(recipients)
             # DATA refused before the message was sent (no 354).
-            failure = Reply(exc.smtp_code, _text(exc.smtp_error))
+            failure = Reply(exc.smtp_code, text_of(exc.smtp_error))
             return [failure if r is None or r.code in (250, 251) else r for r in exchange.replies]
         except (OSError, smtplib.SMTPException) as exc:
             # No reply: refused, timed out, or lost, even after the end of DATA.
@@ -311,7 +296,7 @@ def probe_relay(url: RelayUrl, timeout: float, ca_file: str | None = None) -> di
         step = "ehlo"
         code, text = connection.ehlo()
         offered = ", ".join(sorted(connection.esmtp_features))
-        steps["ehlo"] = f"{code} {_text(text).splitlines()[0]}; offers {offered}"
+        steps["ehlo"] = f"{code} {text_of(text).splitlines()[0]}; offers {offered}"
         if url.starttls:
             step = "starttls"
             code, text = connection.starttls(context=context)
@@ -320,12 +305,12 @@ def probe_relay(url: RelayUrl, timeout: float, ca_file: str | None = None) -> di
         if url.username:
             step = "auth"
             code, text = connection.login(url.username, url.password or "")
-            steps["auth"] = f"{code} {_text(text)}"
+            steps["auth"] = f"{code} {text_of(text)}"
         connection.quit()
         steps["ok"] = True
     except (OSError, smtplib.SMTPException) as exc:
         reason = (
-            f"{exc.smtp_code} {_text(exc.smtp_error)}"
+            f"{exc.smtp_code} {text_of(exc.smtp_error)}"
             if isinstance(exc, smtplib.SMTPResponseException)
             else _describe(exc)
         )
@@ -350,7 +335,7 @@ class MaildirOutbox:
         try:
             message = build(_needs_utf8(sender, recipients))
         except Exception as exc:
-            return [_not_built(exc)] * len(recipients)
+            return [not_built(exc)] * len(recipients)
         envelope = f"Return-Path: <{sender}>\r\n" + "".join(
             f"Delivered-To: {recipient}\r\n" for recipient in recipients
         )
@@ -382,140 +367,8 @@ class MaildirOutbox:
         pass
 
 
-def _command(connection: smtplib.SMTP, line: str) -> tuple[int, bytes]:
-    """One command and its reply. (smtplib's ``mail()`` and ``rcpt()`` parse each address
-    again with the email package; mailsvc's are checked and normalised already.)"""
-    connection.send(line.encode("utf-8") + b"\r\n")
-    return connection.getreply()
-
-
-class _Exchange:
-    """One SMTP transaction as it goes: the step it is at (which an error is reported in) and
-    each recipient's reply so far (None until the relay gives one).
-
-    Its steps raise what smtplib and the socket raise; :class:`SmtpRelay` turns that into
-    replies.
-    """
-
-    def __init__(self, recipients: Sequence[str]) -> None:
-        self.recipients = recipients
-        self.replies: list[Reply | None] = [None] * len(recipients)
-        self.phase = "connecting"
-        self.mail = ""
-
-    def lockstep(self, connection: smtplib.SMTP, build: Callable[[], bytes]) -> list[Reply]:
-        """Each command, then its reply, in turn; the message is built once a recipient is
-        accepted."""
-        self.phase = "MAIL FROM"
-        code, text = _command(connection, self.mail)
-        if code != 250:
-            connection.rset()
-            return [Reply(code, _text(text))] * len(self.recipients)
-        self.phase = "RCPT TO"
-        for index in self._sendable():
-            code, text = _command(connection, f"RCPT TO:<{self.recipients[index]}>")
-            self.replies[index] = Reply(code, _text(text))
-        accepted = self._accepted()
-        if not accepted:
-            connection.rset()
-            return self._given()
-        try:
-            message = build()
-        except Exception as exc:
-            connection.rset()
-            failure = _not_built(exc)
-            return [failure if i in accepted else r for i, r in enumerate(self.replies) if r]
-        self.phase = "DATA"
-        code, text = _command(connection, "DATA")
-        if code != 354:
-            raise smtplib.SMTPDataError(code, text)
-        return self._sent(accepted, *_message(connection, message))
-
-    def pipelined(self, connection: smtplib.SMTP, build: Callable[[], bytes]) -> list[Reply]:
-        """MAIL, each RCPT and DATA in one write (RFC 2920), then their replies in order: two
-        round trips a message instead of three and one a recipient. The message is built first,
-        since the relay may answer DATA with 354 at once; one that cannot be built never
-        reaches the relay."""
-        sendable = self._sendable()
-        if not sendable:
-            return self._given()
-        try:
-            message = build()
-        except Exception as exc:
-            failure = _not_built(exc)
-            return [failure if r is None else r for r in self.replies]
-        group = [self.mail, *(f"RCPT TO:<{self.recipients[i]}>" for i in sendable), "DATA"]
-        self.phase = "MAIL FROM"
-        connection.send(("\r\n".join(group) + "\r\n").encode("utf-8"))
-        code, text = connection.getreply()
-        if code == 421:
-            # The relay is closing the connection (RFC 5321, 3.8), as one that timed a kept
-            # connection out does: lost before anything was sent, as one command at a time
-            # finds it too.
-            raise smtplib.SMTPServerDisconnected(f"{code} {_text(text)}")
-        refused = None if code == 250 else Reply(code, _text(text))
-        self.phase = "RCPT TO"
-        for index in sendable:
-            code, text = connection.getreply()
-            self.replies[index] = refused or Reply(code, _text(text))
-        self.phase = "DATA"
-        code, text = connection.getreply()
-        accepted = self._accepted()
-        if refused or not accepted:
-            if code == 354:
-                # RFC 2920, 3.1: a relay that asks for data it should not take is sent a
-                # single dot, which ends an empty message it must then refuse.
-                connection.send(b".\r\n")
-                connection.getreply()
-            connection.rset()
-            return [refused] * len(self.recipients) if refused else self._given()
-        if code != 354:
-            raise smtplib.SMTPDataError(code, text)
-        return self._sent(accepted, *_message(connection, message))
-
-    def _sendable(self) -> list[int]:
-        return [i for i, reply in enumerate(self.replies) if reply is None]
-
-    def _accepted(self) -> list[int]:
-        return [i for i, reply in enumerate(self.replies) if reply and reply.code in (250, 251)]
-
-    def _given(self) -> list[Reply]:
-        return [reply for reply in self.replies if reply is not None]
-
-    def _sent(self, accepted: Sequence[int], code: int, text: bytes) -> list[Reply]:
-        for index in accepted:
-            self.replies[index] = Reply(code, _text(text))
-        return self._given()
-
-
-def _message(connection: smtplib.SMTP, message: bytes) -> tuple[int, bytes]:
-    """After DATA's 354: the message, dot-stuffed, then the end of data; the relay's reply.
-
-    The message has CRLF line ends and no bare CR or LF (it is built so), so a dot that starts a
-    line follows a CRLF: one replace of bytes does what smtplib's regular expression over the
-    whole message does, in a tenth of the time.
-    """
-    stuffed = message.replace(b"\r\n.", b"\r\n..")
-    if stuffed.startswith(b"."):
-        stuffed = b"." + stuffed
-    if not stuffed.endswith(b"\r\n"):
-        stuffed += b"\r\n"
-    connection.send(stuffed + b".\r\n")
-    return connection.getreply()
-
-
 def _needs_utf8(sender: str, recipients: Sequence[str]) -> bool:
     return not sender.isascii() or not all(recipient.isascii() for recipient in recipients)
-
-
-def _not_built(exc: Exception) -> Reply:
-    """A message that cannot be built will never be: a permanent failure, logged."""
-    log.error("a message could not be built", exc_info=exc)
-    return Reply(554, f"5.6.0 mailsvc: the message could not be built: {exc}")
-
-
-def _text(reply: bytes | str) -> str:
-    return reply.decode("utf-8", "replace") if isinstance(reply, bytes) else reply
 
 
 def _describe(exc: BaseException) -> str:
