@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 import secrets
 import time
@@ -102,8 +103,12 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 
 def rfc5322_date(timestamp: float) -> str:
     """``Sun, 22 Nov 2026 10:00:00 +0000``, as :func:`email.utils.format_datetime` writes a
-    UTC time, in a tenth of its time (English names whatever the locale)."""
-    t = time.gmtime(timestamp)
+    UTC time, in a tenth of its time (English names whatever the locale). Like it, a time is
+    first rounded to the microsecond (half to even), so 0.9999996 s past a second is the next."""
+    fraction, whole = math.modf(timestamp)
+    if round(fraction * 1e6) >= 1_000_000:
+        whole += 1
+    t = time.gmtime(whole)
     return (
         f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
         f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} +0000"
