@@ -215,10 +215,8 @@ class SmtpRelay:
             for index, recipient in enumerate(recipients):
                 if not utf8 and not recipient.isascii():
                     exchange.replies[index] = _NEEDS_SMTPUTF8
-            if connection.has_extn("pipelining"):
-                replies = exchange.pipelined(connection, lambda: build(utf8))
-            else:
-                replies = exchange.lockstep(connection, lambda: build(utf8))
+            run = exchange.pipelined if connection.has_extn("pipelining") else exchange.lockstep
+            replies = run(connection, lambda: build(utf8))
         except smtplib.SMTPResponseException as exc:
             self._drop()
             if exchange.phase == "connecting":

@@ -45,10 +45,8 @@ class Sink:
         self.proxy = None
         if rtt_ms:
             sink_port, self.port = self.port, free_port()
-            self.proxy = _ready(
-                [sys.executable, "-m", "tests.bench.latency", str(self.port), str(sink_port)]
-                + [str(rtt_ms)]
-            )
+            latency = ["tests.bench.latency", str(self.port), str(sink_port), str(rtt_ms)]
+            self.proxy = _ready([sys.executable, "-m", *latency])
 
     def received(self) -> list[tuple[float, str]]:
         lines = self.log.read_text().splitlines()
