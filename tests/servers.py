@@ -115,10 +115,17 @@ class Gunicorn:
         return children
 
     def kill_all(self) -> str:
-        """``kill -9`` the master and every worker at once; returns what it wrote."""
+        """``kill -9`` the master and every worker at once; returns what it wrote once all of
+        them are dead (their connections closed by the kernel)."""
         assert self.process is not None
+        workers = self.worker_pids()
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in workers):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"workers {workers} outlived kill -9")
+            time.sleep(0.01)
         return self._close_log()
 
     def _close_log(self) -> str:
@@ -187,3 +194,12 @@ class Nginx:
         assert self.process is not None
         self.process.terminate()
         self.process.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process is still running (a zombie has closed its files already)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

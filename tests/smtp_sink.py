@@ -3,9 +3,10 @@
 It speaks plain SMTP, STARTTLS or implicit TLS (given a server ``ssl.SSLContext``), and AUTH
 PLAIN/LOGIN when given credentials. Per recipient it can accept or answer any code at RCPT;
 per message it can answer any code to MAIL FROM, to DATA and after the data, or drop the
-connection instead of answering; it can delay every reply. It offers PIPELINING (RFC 2920) unless
-told not to, and notes whether a client sent the rest of a transaction before it had answered
-MAIL FROM. It logs every message it accepted, with its Message-ID, and counts connections.
+connection instead of answering; it can delay every reply. It offers PIPELINING (RFC 2920) and
+CHUNKING (RFC 3030: messages in BDAT chunks) unless told not to, and notes whether a client sent
+the rest of a transaction before it had answered MAIL FROM, and whether the message came in BDAT
+chunks. It logs every message it accepted, with its Message-ID, and counts connections.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Received:
     mail_options: list[str] = field(default_factory=list)
     #: The commands after MAIL FROM had arrived before the sink answered it.
     pipelined: bool = False
+    #: The message came in BDAT chunks (RFC 3030), not after DATA.
+    chunked: bool = False
 
     @property
     def message(self) -> Message:
@@ -59,8 +62,10 @@ class Behaviour:
     delay_seconds: float = 0.0
     smtputf8: bool = True
     pipelining: bool = True
+    chunking: bool = True
     #: Replies to the next MAIL FROMs, one each, instead of accepting them (a 421 then closes
-    #: the connection, as RFC 5321 says); and the reply to DATA instead of accepting it.
+    #: the connection, as RFC 5321 says); and the reply to DATA instead of accepting it (to the
+    #: BDAT chunks, once read, when the message comes that way).
     mail_replies: list[Reply] = field(default_factory=list)
     data_command_reply: Reply | None = None
     #: Answer DATA with 354 even with no recipient (as RFC 2920 says a client must expect).
@@ -89,7 +94,7 @@ class SmtpSink:
         self.connections = 0
         self._lock = threading.Condition()
         self._open: set[socket.socket] = set()
-        self._reading: set[_Session] = set()  # sessions in the middle of a message's data
+        self._sessions: set[_Session] = set()
         sink = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -142,20 +147,27 @@ class SmtpSink:
             return list(self.messages)
 
     def settle(self, timeout: float = 10.0) -> int:
-        """Wait until every message that was being read when called has been read to its end
-        (a client killed after its last line leaves that line in the socket, still to be read);
-        return how many messages were accepted by then."""
+        """Wait until every session has read and answered all that had reached the sink when
+        called (a client killed after its last line leaves that line in the socket, still to
+        be read, and with BDAT a whole message may be there before the sink has read a line of
+        it); return how many messages were accepted by then.
+
+        A session is done with what was there once it has ended, or, after the call, found
+        nothing more to read when it answered, or it is waiting for a client that has sent
+        nothing since. A client killed before the call must be dead by then: the end of its
+        connection is then there to be read too.
+        """
         deadline = time.monotonic() + timeout
         with self._lock:
-            started = {session: session.messages_started for session in self._reading}
+            asked = {session: session.peeks for session in self._sessions}
             while any(
-                session in self._reading and session.messages_started == count
-                for session, count in started.items()
+                session in self._sessions and not session.done_with(peeks)
+                for session, peeks in asked.items()
             ):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError("a message is still being read")
-                self._lock.wait(left)
+                    raise AssertionError("a session has not read what was sent to it")
+                self._lock.wait(min(left, 0.01))
             return len(self.messages)
 
     def _serve(self, handler: socketserver.StreamRequestHandler) -> None:
@@ -166,6 +178,8 @@ class SmtpSink:
         session = None
         try:
             session = _Session(self, handler, number)
+            with self._lock:
+                self._sessions.add(session)
             session.run()
         except (OSError, ssl.SSLError):
             pass  # the client went away, or its TLS handshake failed
@@ -176,6 +190,8 @@ class SmtpSink:
                 session.socket.close()
             with self._lock:
                 self._open.discard(handler.connection)
+                self._sessions.discard(session)  # type: ignore[arg-type]
+                self._lock.notify_all()
 
     def _log(self, received: Received, accepted: bool) -> None:
         with self._lock:
@@ -200,9 +216,14 @@ class _Session:
         self.recipients: list[str] = []
         self.secure = False
         self.user: str | None = None
-        self.messages_started = 0
         self._unsent: list[str] = []
+        self._chunks: list[bytes] = []
         self.pipelined = False
+        #: Looks for more input when answering, and the last one of them that found none.
+        self.peeks = 0
+        self.idle_since_peek = 0
+        #: Answered everything and waiting for the client (until it reads again).
+        self.parked = False
         if sink.tls is not None and sink.implicit_tls:
             self._start_tls()
 
@@ -224,8 +245,34 @@ class _Session:
         # RFC 2920: the replies to commands that came together go together, once the last of
         # them is answered (a reply each, written at once, would wait on the client's delayed
         # ACK under Nagle's algorithm, as no real relay makes it wait).
+        self.peeks += 1
+        peek = self.peeks
         if not self._waiting():
             self._flush()
+            self.parked = True
+            with self.sink._lock:
+                self.idle_since_peek = peek
+                self.sink._lock.notify_all()
+
+    def done_with(self, peeks: int) -> bool:
+        """Whether this session has read all that had arrived by the time it had made
+        ``peeks`` looks (see :meth:`SmtpSink.settle`); called by another thread."""
+        if self.idle_since_peek > peeks:
+            return True
+        if not self.parked or self.secure:
+            return False
+        try:
+            self.socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True  # nothing, not even the end of the connection, waiting to be read
+        except OSError:
+            return False
+        return False
+
+    def _readline(self) -> bytes:
+        line = self.rfile.readline(65536)
+        self.parked = False
+        return line
 
     def _flush(self) -> None:
         if self._unsent:
@@ -242,7 +289,7 @@ class _Session:
     def _converse(self) -> None:
         self.reply(220, "sink.test ESMTP test sink")
         while True:
-            line = self.rfile.readline(65536)
+            line = self._readline()
             if not line:
                 return
             command, _, argument = line.decode("utf-8", "replace").rstrip("\r\n").partition(" ")
@@ -253,6 +300,8 @@ class _Session:
                     features.append("SMTPUTF8")
                 if self.sink.behaviour.pipelining:
                     features.append("PIPELINING")
+                if self.sink.behaviour.chunking:
+                    features.append("CHUNKING")
                 if self.sink.tls is not None and not self.secure:
                     features.append("STARTTLS")
                 if self.sink.credentials:
@@ -267,6 +316,8 @@ class _Session:
                 self.reply(530, "5.7.0 authentication required")
             elif verb == "HELO":
                 self.reply(250, "sink.test")
+            elif verb == "MAIL" and self.mail_from is not None:
+                self.reply(503, "5.5.1 nested MAIL command")
             elif verb == "MAIL":
                 self.pipelined = self._waiting()
                 if self.sink.behaviour.mail_replies:
@@ -278,7 +329,7 @@ class _Session:
                     continue
                 self.mail_from = _angle(argument)
                 self.mail_options = argument.rpartition(">")[2].split()
-                self.recipients = []
+                self.recipients, self._chunks = [], []
                 self.reply(250, "2.1.0 ok")
             elif verb == "RCPT" and self.mail_from is None:
                 self.reply(503, "5.5.1 MAIL first")
@@ -297,8 +348,11 @@ class _Session:
                     continue
                 if not self._data():
                     return
+            elif verb == "BDAT" and self.sink.behaviour.chunking:
+                if not self._chunk(argument):
+                    return
             elif verb == "RSET":
-                self.mail_from, self.recipients = None, []
+                self.mail_from, self.recipients, self._chunks = None, [], []
                 self.reply(250, "2.0.0 ok")
             elif verb == "NOOP":
                 self.reply(250, "2.0.0 ok")
@@ -324,13 +378,13 @@ class _Session:
         if mechanism.upper() == "PLAIN":
             if not initial:
                 self.reply(334, "")
-                initial = self.rfile.readline().decode().strip()
+                initial = self._readline().decode().strip()
             _, user, password = base64.b64decode(initial).decode().split("\0")
         elif mechanism.upper() == "LOGIN":
             self.reply(334, base64.b64encode(b"Username:").decode())
-            user = base64.b64decode(self.rfile.readline().strip()).decode()
+            user = base64.b64decode(self._readline().strip()).decode()
             self.reply(334, base64.b64encode(b"Password:").decode())
-            password = base64.b64decode(self.rfile.readline().strip()).decode()
+            password = base64.b64decode(self._readline().strip()).decode()
         else:
             self.reply(504, "5.5.4 mechanism not supported")
             return
@@ -341,37 +395,53 @@ class _Session:
             self.reply(535, "5.7.8 bad credentials")
 
     def _data(self) -> bool:
-        """Invite and read one message; False when the connection ends. The session counts as
-        reading from before the invitation, which the client must see before it sends."""
-        with self.sink._lock:
-            self.messages_started += 1
-            self.sink._reading.add(self)
-        try:
-            self.reply(354, "end data with <CR><LF>.<CR><LF>")
-            return self._read_message()
-        finally:
-            with self.sink._lock:
-                self.sink._reading.discard(self)
-                self.sink._lock.notify_all()
-
-    def _read_message(self) -> bool:
+        """Invite and read one message; False when the connection ends."""
+        self.reply(354, "end data with <CR><LF>.<CR><LF>")
         lines = []
         while True:
-            line = self.rfile.readline(65536)
+            line = self._readline()
             if not line:
                 return False
             if line == b".\r\n":
                 break
             lines.append(line[1:] if line.startswith(b".") else line)
+        return self._take(b"".join(lines), chunked=False)
+
+    def _chunk(self, argument: str) -> bool:
+        """``BDAT <size> [LAST]`` and its chunk, read whatever the answer (RFC 3030, 2); False
+        when the connection ends."""
+        size, _, last = argument.partition(" ")
+        if not size.isdigit() or last.upper() not in ("", "LAST"):
+            self.reply(501, "5.5.4 syntax: BDAT <size> [LAST]")
+            return False  # how many octets follow is not known: nothing more can be read
+        chunk = self.rfile.read(int(size))
+        self.parked = False
+        if len(chunk) < int(size):
+            return False
+        if self.sink.behaviour.data_command_reply is not None:
+            self.reply(*self.sink.behaviour.data_command_reply)
+        elif not self.recipients:
+            self.reply(554, "5.5.1 no valid recipients")
+        elif not last:
+            self._chunks.append(chunk)
+            self.reply(250, f"2.0.0 {len(chunk)} octets received")
+        else:
+            data, self._chunks = b"".join([*self._chunks, chunk]), []
+            return self._take(data, chunked=True)
+        return True
+
+    def _take(self, data: bytes, chunked: bool) -> bool:
+        """A whole message: logged and answered; False when the sink drops the connection."""
         received = Received(
             self.mail_from or "",
             list(self.recipients),
-            b"".join(lines),
+            data,
             self.number,
             tls=self.secure,
             user=self.user,
             mail_options=self.mail_options,
             pipelined=self.pipelined,
+            chunked=chunked,
         )
         behaviour = self.sink.behaviour
         if not self.recipients:
@@ -384,7 +454,10 @@ class _Session:
         code, text = behaviour.data_reply(received.data) or (250, "2.0.0 queued")
         self.sink._log(received, accepted=200 <= code < 300)
         self.reply(code, text)
-        self.mail_from, self.recipients = None, []
+        if 200 <= code < 300 or not chunked:
+            # The end of DATA ends the transaction whatever the reply; a refused chunk leaves
+            # it open until RSET, as strict relays do (RFC 3030, 2).
+            self.mail_from, self.recipients = None, []
         return True
 
 
