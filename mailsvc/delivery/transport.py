@@ -31,6 +31,9 @@ log = logging.getLogger("mailsvc.delivery")
 #: A connection unused for longer than this is checked with NOOP before it is used again.
 _IDLE_CHECK_SECONDS = 5.0
 
+#: The steps in which the message itself was sent: a connection lost there may have delivered it.
+_MESSAGE_SENT = ("DATA", "BDAT")
+
 
 #: Builds the message; its argument says whether headers may carry raw UTF-8.
 MessageBuilder = Callable[[bool], bytes]
@@ -197,7 +200,8 @@ class SmtpRelay:
     ) -> list[Reply]:
         """One SMTP transaction; reads every recipient's RCPT reply, as smtplib's
         ``sendmail()`` reports refused recipients, but keeps the replies of all of them. Where
-        the relay offers PIPELINING (RFC 2920), MAIL, every RCPT and DATA go in one write."""
+        the relay offers PIPELINING (RFC 2920), MAIL, every RCPT and DATA go in one write; where
+        it offers CHUNKING (RFC 3030), the message goes in a BDAT chunk instead of after DATA."""
         exchange = Exchange(recipients)
         try:
             try:
@@ -215,6 +219,7 @@ class SmtpRelay:
             for index, recipient in enumerate(recipients):
                 if not utf8 and not recipient.isascii():
                     exchange.replies[index] = _NEEDS_SMTPUTF8
+            exchange.chunking = connection.has_extn("chunking")
             run = exchange.pipelined if connection.has_extn("pipelining") else exchange.lockstep
             replies = run(connection, lambda: build(utf8))
         except smtplib.SMTPResponseException as exc:
@@ -232,7 +237,7 @@ class SmtpRelay:
             phase = exchange.phase
             failure = Reply(None, f"{phase}: {_describe(exc)}", reached=phase != "connecting")
             return [
-                failure if r is None or (phase == "DATA" and r.code in (250, 251)) else r
+                failure if r is None or (phase in _MESSAGE_SENT and r.code in (250, 251)) else r
                 for r in exchange.replies
             ]
         self._last_used = time.monotonic()
