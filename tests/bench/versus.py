@@ -7,21 +7,24 @@
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
-it accepted: end to end), then the open loop at a fixed rate, and reads each worker's RSS and PSS,
-and the PSS of the master and workers together; the report gives each round and the medians, and
-the ratio of this checkout to the baseline. For a change whose effect is smaller than the noise
-between separate runs (memory, a few percent of throughput). With ``--postgres-url``, each server's
-store is a PostgreSQL database of its own on that server (made for it, dropped after it) instead of
-a SQLite file. With ``--million N``, each version serves a store that already holds N emails
-(H2M's), filled once by that version's own code (so with the ids it makes) and copied for each
-round. With ``--relay-rtt MS``, the sink is that many milliseconds of round trip away (a proxy
-that delays every byte by half of it each way).
+it accepted: end to end, and the CPU time the workers spent on that, an email), then the open loop
+at a fixed rate, and reads each worker's RSS and PSS, and the PSS of the master and workers
+together; the report gives each round and the medians, and the ratio of this checkout to the
+baseline. For a change whose effect is smaller than the noise between separate runs (memory, a few
+percent of throughput). The CPU an email is the workers' user and system time; between rounds it
+has varied about as much as the rates. With ``--postgres-url``, each server's store is a PostgreSQL
+database of its own on that server (made for it, dropped after it) instead of a SQLite file. With
+``--million N``, each version serves a store that already holds N emails (H2M's), filled once by
+that version's own code (so with the ids it makes) and copied for each round. With ``--relay-rtt
+MS``, the sink is that many milliseconds of round trip away (a proxy that delays every byte by half
+of it each way).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -106,7 +109,12 @@ def _measure(
     headers = {"Authorization": f"Bearer {key}"}
     try:
         body = _templated(server.port, headers) if args.template else email(1)
-        accept, (end_to_end, _) = accept_end_to_end(server, env, sink, headers, args, folder, body)
+        workers = server.worker_pids()
+        cpu_before = _cpu_seconds(workers)
+        accept, (end_to_end, accepted) = accept_end_to_end(
+            server, env, sink, headers, args, folder, body
+        )
+        cpu_an_email = (_cpu_seconds(workers) - cpu_before) / accepted * 1000
         samples = openloop.run(
             "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
@@ -117,6 +125,7 @@ def _measure(
         return {
             "accept/s": accept,
             "e2e/s": end_to_end,
+            "cpu ms/mail": cpu_an_email,
             **reads,
             "p99 ms": latencies[int(0.99 * len(latencies))],
             "RSS MB": max(worker_rss_mb(server)),
@@ -151,6 +160,15 @@ def _templated(port: int, headers: dict[str, str]) -> dict:
     for part in ("html", "text"):  # (the subject stays required; the template's wins)
         body.pop(part)
     return body
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time of these processes so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _pss_mb(pid: int) -> float:
@@ -209,8 +227,9 @@ def main() -> None:
         for version in ("baseline", "this"):
             values = [r[version][figure] for r in rounds]
             medians[version] = statistics.median(values)
-            cells = "".join(f"{v:>10.1f}" for v in values)
-            print(f"{figure:<12}{version:<10}{cells}   median {medians[version]:.1f}")
+            digits = 2 if max(values) < 10 else 1
+            cells = "".join(f"{v:>10.{digits}f}" for v in values)
+            print(f"{figure:<12}{version:<10}{cells}   median {medians[version]:.{digits}f}")
         print(f"{'':<12}{'this/base':<10}{medians['this'] / medians['baseline']:>10.3f}")
 
 
