@@ -35,7 +35,9 @@ _NOT_SIGNED = frozenset(
         b"dkim-signature",
     }
 )
-_WSP = re.compile(rb"[ \t]+")
+#: The runs of whitespace that relaxed canonicalization changes (each becomes one space): any
+#: with a tab, or of more than one space. A single space, most of them in a body, stays as it is.
+_WSP = re.compile(rb"\t[ \t]*| [ \t]+")
 _FIELD_END = re.compile(rb"\r\n(?![ \t])")
 
 
