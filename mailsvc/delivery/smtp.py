@@ -91,8 +91,8 @@ class Exchange:
         """MAIL, each RCPT and DATA in one write (RFC 2920), then their replies in order: two
         round trips a message instead of three and one a recipient; with CHUNKING, MAIL, each
         RCPT and the message in its BDAT chunk in one write: one round trip. The message is
-        built first, since the relay may answer DATA with 354 at once; one that cannot be built
-        never reaches the relay."""
+        built first, since the relay may answer DATA with 354 at once (and a chunk goes with
+        the commands); one that cannot be built never reaches the relay."""
         sendable = self._sendable()
         if not sendable:
             return self._given()
@@ -121,16 +121,16 @@ class Exchange:
         self.phase = "BDAT" if self.chunking else "DATA"
         code, text = connection.getreply()
         accepted = self._accepted()
-        if self.chunking and accepted and not refused:
-            return self._chunk_taken(connection, accepted, code, text)
         if refused or not accepted:
             if code == 354 and not self.chunking:
                 # RFC 2920, 3.1: a relay that asks for data it should not take is sent a
                 # single dot, which ends an empty message it must then refuse.
                 connection.send(b".\r\n")
                 connection.getreply()
-            connection.rset()
+            connection.rset()  # (with BDAT, the relay has read the chunk and refused it)
             return [refused] * len(self.recipients) if refused else self._given()
+        if self.chunking:
+            return self._chunk_taken(connection, accepted, code, text)
         if code != 354:
             raise smtplib.SMTPDataError(code, text)
         return self._sent(accepted, *_message(connection, message))
