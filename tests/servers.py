@@ -107,7 +107,7 @@ class Gunicorn:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                    fields = proc_stat(int(entry.name))
                 except OSError:
                     continue
                 if int(fields[1]) == self.process.pid:
@@ -196,10 +196,18 @@ class Nginx:
         self.process.wait(timeout=10)
 
 
+def proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command's name: the state first, then the
+    parent's pid, ... (``man 5 proc``; field n is at n - 3).
+
+    :raises OSError: there is no such process.
+    """
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _alive(pid: int) -> bool:
     """Whether a process is still running (a zombie has closed its files already)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return proc_stat(pid)[0] != "Z"
     except OSError:
         return False
-    return state != "Z"

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..servers import Gunicorn
+from ..servers import Gunicorn, proc_stat
 from . import openloop
 from .bench import accept_end_to_end
 from .parts import (
@@ -166,7 +166,7 @@ def _cpu_seconds(pids: list[int]) -> float:
     """User and system CPU time of these processes so far."""
     total = 0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = proc_stat(pid)
         total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
     return total / os.sysconf("SC_CLK_TCK")
 
