@@ -63,9 +63,9 @@ class Behaviour:
     smtputf8: bool = True
     pipelining: bool = True
     chunking: bool = True
-    #: Replies to the next MAIL FROMs, one each, instead of accepting them (a 421 then closes
-    #: the connection, as RFC 5321 says); and the reply to DATA instead of accepting it (to the
-    #: BDAT chunks, once read, when the message comes that way).
+    #: Replies to the next MAIL FROMs, one each, instead of accepting them; and the reply to
+    #: DATA instead of accepting it (to the BDAT chunks, once read, when the message comes that
+    #: way). A 421, there or from ``data_reply``, then closes the connection (RFC 5321, 3.8).
     mail_replies: list[Reply] = field(default_factory=list)
     data_command_reply: Reply | None = None
     #: Answer DATA with 354 even with no recipient (as RFC 2920 says a client must expect).
@@ -342,6 +342,8 @@ class _Session:
             elif verb == "DATA":
                 if self.sink.behaviour.data_command_reply is not None:
                     self.reply(*self.sink.behaviour.data_command_reply)
+                    if self.sink.behaviour.data_command_reply[0] == 421:
+                        return
                     continue
                 if not self.recipients and not self.sink.behaviour.data_without_recipients:
                     self.reply(503, "5.5.1 no valid recipients")
@@ -420,7 +422,8 @@ class _Session:
             return False
         if self.sink.behaviour.data_command_reply is not None:
             self.reply(*self.sink.behaviour.data_command_reply)
-        elif not self.recipients:
+            return self.sink.behaviour.data_command_reply[0] != 421
+        if not self.recipients:
             self.reply(554, "5.5.1 no valid recipients")
         elif not last:
             self._chunks.append(chunk)
@@ -454,6 +457,8 @@ class _Session:
         code, text = behaviour.data_reply(received.data) or (250, "2.0.0 queued")
         self.sink._log(received, accepted=200 <= code < 300)
         self.reply(code, text)
+        if code == 421:
+            return False  # the relay is closing the connection (RFC 5321, 3.8)
         if 200 <= code < 300 or not chunked:
             # The end of DATA ends the transaction whatever the reply; a refused chunk leaves
             # it open until RSET, as strict relays do (RFC 3030, 2).

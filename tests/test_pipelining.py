@@ -125,6 +125,34 @@ def test_data_refused_is_the_reply_of_the_accepted_recipients(relay, sink):
     assert sink.connections == (1 if offered.chunking else 2)
 
 
+def test_a_message_answered_421_keeps_that_reply_and_the_next_goes_anew(relay, sink):
+    # The relay takes the message (after DATA or as a chunk), answers 421 and closes (RFC 5321,
+    # 3.8): the 421 is the accepted recipients' reply, a deferral, not a lost connection.
+    relay, offered = relay
+    closing = (421, "4.3.2 sink.test shutting down")
+    sink.behaviour.data_reply = lambda data: closing
+    sink.behaviour.rcpt_replies["gone@example.org"] = (550, "5.1.1 no such user")
+    replies = replies_of(relay, ["a@example.org", "gone@example.org", "b@example.org"])
+    assert replies == [closing, (550, "5.1.1 no such user"), closing]
+    [taken] = sink.dropped
+    assert taken.recipients == ["a@example.org", "b@example.org"] and sent_as(taken, offered)
+    sink.behaviour.data_reply = lambda data: None
+    assert replies_of(relay, ["c@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
+    [received] = sink.messages
+    assert received.data == message(2) and received.connection == 2
+
+
+def test_data_or_a_chunk_refused_with_421_keeps_that_reply(relay, sink):
+    relay, offered = relay
+    sink.behaviour.data_command_reply = (421, "4.3.2 sink.test shutting down")
+    assert replies_of(relay, ["a@example.org"]) == [(421, "4.3.2 sink.test shutting down")]
+    assert sink.messages == []
+    sink.behaviour.data_command_reply = None
+    assert replies_of(relay, ["b@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
+    [received] = sink.messages
+    assert received.recipients == ["b@example.org"] and received.connection == 2
+
+
 def test_a_message_that_cannot_be_built_fails_for_its_recipients(relay, sink):
     relay, _ = relay
 

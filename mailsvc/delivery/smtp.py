@@ -17,6 +17,9 @@ log = logging.getLogger("mailsvc.delivery")
 
 _ENHANCED = re.compile(r"^([245]\.\d{1,3}\.\d{1,3})\b")
 
+#: The relay is closing the connection, whatever command it answers (RFC 5321, 3.8).
+CLOSING = 421
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -108,7 +111,7 @@ class Exchange:
         # idle took none of it, and one that loses it later may have, as after DATA's end.
         connection.send(("\r\n".join(commands) + "\r\n").encode("utf-8") + last)
         code, text = connection.getreply()
-        if code == 421:
+        if code == CLOSING:
             # The relay is closing the connection (RFC 5321, 3.8), as one that timed a kept
             # connection out does: lost before anything was sent, as one command at a time
             # finds it too.
@@ -153,9 +156,10 @@ class Exchange:
         self, connection: smtplib.SMTP, accepted: Sequence[int], code: int, text: bytes
     ) -> list[Reply]:
         """The reply to the last BDAT chunk is the message's, as the reply after DATA's end is;
-        a refused chunk leaves the transaction to be reset (RFC 3030, 2)."""
+        a refused chunk leaves the transaction to be reset (RFC 3030, 2), unless the relay is
+        closing the connection (421)."""
         replies = self._sent(accepted, code, text)
-        if not 200 <= code < 300:
+        if not 200 <= code < 300 and code != CLOSING:
             connection.rset()
         return replies
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..settings import Settings, SettingsError
-from .smtp import Exchange, Reply, not_built, text_of
+from .smtp import CLOSING, Exchange, Reply, not_built, text_of
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -240,6 +240,8 @@ class SmtpRelay:
                 failure if r is None or (phase in _MESSAGE_SENT and r.code in (250, 251)) else r
                 for r in exchange.replies
             ]
+        if any(reply.code == CLOSING for reply in replies):
+            self._drop()  # the relay closes it: the next message goes on a new connection
         self._last_used = time.monotonic()
         return replies
 
