@@ -202,6 +202,10 @@ class SmtpSink:
 class _Server(socketserver.ThreadingTCPServer):
     allow_reuse_address = True  # a test may bring a "down" relay back on the same port
     daemon_threads = True
+    #: Connections waiting to be accepted, as a real relay's (Postfix listens with 100): with
+    #: socketserver's 5, a burst of delivery threads connecting at once lost SYNs (the client
+    #: tries again a second later, and longer after each loss).
+    request_queue_size = 128
 
 
 class _Session:
