@@ -143,7 +143,7 @@ def test_a_message_answered_421_keeps_that_reply_and_the_next_goes_anew(relay, s
 
 
 def test_data_or_a_chunk_refused_with_421_keeps_that_reply(relay, sink):
-    relay, offered = relay
+    relay, _ = relay
     sink.behaviour.data_command_reply = (421, "4.3.2 sink.test shutting down")
     assert replies_of(relay, ["a@example.org"]) == [(421, "4.3.2 sink.test shutting down")]
     assert sink.messages == []
