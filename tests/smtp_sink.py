@@ -325,10 +325,8 @@ class _Session:
             elif verb == "MAIL":
                 self.pipelined = self._waiting()
                 if self.sink.behaviour.mail_replies:
-                    code, text = self.sink.behaviour.mail_replies.pop(0)
                     self.mail_from, self.recipients = None, []
-                    self.reply(code, text)
-                    if code == 421:
+                    if not self._answer(*self.sink.behaviour.mail_replies.pop(0)):
                         return
                     continue
                 self.mail_from = _angle(argument)
@@ -345,8 +343,7 @@ class _Session:
                 self.reply(code, text)
             elif verb == "DATA":
                 if self.sink.behaviour.data_command_reply is not None:
-                    self.reply(*self.sink.behaviour.data_command_reply)
-                    if self.sink.behaviour.data_command_reply[0] == 421:
+                    if not self._answer(*self.sink.behaviour.data_command_reply):
                         return
                     continue
                 if not self.recipients and not self.sink.behaviour.data_without_recipients:
@@ -367,6 +364,12 @@ class _Session:
                 return
             else:
                 self.reply(500, "5.5.2 command not recognised")
+
+    def _answer(self, code: int, text: str) -> bool:
+        """A reply the test chose; False when it ends the session: a 421 closes the connection
+        (RFC 5321, 3.8)."""
+        self.reply(code, text)
+        return code != 421
 
     def _waiting(self) -> bool:
         """Whether the client's next bytes have arrived already (read without waiting)."""
@@ -425,8 +428,7 @@ class _Session:
         if len(chunk) < int(size):
             return False
         if self.sink.behaviour.data_command_reply is not None:
-            self.reply(*self.sink.behaviour.data_command_reply)
-            return self.sink.behaviour.data_command_reply[0] != 421
+            return self._answer(*self.sink.behaviour.data_command_reply)
         if not self.recipients:
             self.reply(554, "5.5.1 no valid recipients")
         elif not last:
@@ -460,9 +462,8 @@ class _Session:
             return False
         code, text = behaviour.data_reply(received.data) or (250, "2.0.0 queued")
         self.sink._log(received, accepted=200 <= code < 300)
-        self.reply(code, text)
-        if code == 421:
-            return False  # the relay is closing the connection (RFC 5321, 3.8)
+        if not self._answer(code, text):
+            return False
         if 200 <= code < 300 or not chunked:
             # The end of DATA ends the transaction whatever the reply; a refused chunk leaves
             # it open until RSET, as strict relays do (RFC 3030, 2).
