@@ -55,6 +55,15 @@ BODIES = [
         ["variables: a key contains a lone"],
     ),
     ("NUL in a string", raw_send(text='"a\\u0000b"'), 400, ["text: must not contain NUL"]),
+    # Only a \u escape can put NUL or a surrogate in a string (the parser searches for them
+    # only then): written raw, they are refused before that.
+    ("raw NUL in a string", raw_send(text='"a\x00b"'), 400, ["body: malformed JSON"]),
+    (
+        "a surrogate written as UTF-8 bytes",
+        raw_send(text='"a"').replace(b'"a"', b'"a\xed\xa0\x80b"'),
+        400,
+        ["body: not valid UTF-8"],
+    ),
     ("control: the same body without the fault", raw_send(), 200, []),
     (
         "duplicate key",
