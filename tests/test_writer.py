@@ -112,3 +112,19 @@ def test_a_writer_started_again_after_a_stop_waits_for_the_stopped_one(db):
     with sqlite3.connect(db.path) as check:
         stored = {row[0] for row in check.execute("SELECT value FROM scratch")}
     assert len(written) == 450 and stored == set(written)
+
+
+def test_a_job_alone_runs_without_a_savepoint_and_a_failure_leaves_nothing(db):
+    db.write(_insert("first"))
+    statements: list[str] = []
+    db._writing[0].set_trace_callback(statements.append)  # the writer thread's connection
+
+    with pytest.raises(ValueError, match="undone failed"):
+        db.write(_insert("undone", fail=True))
+    assert db.write(_insert("kept"))[0] == "kept"
+
+    assert not [s for s in statements if "SAVEPOINT" in s]
+    assert statements.count("ROLLBACK") == 1 and statements.count("COMMIT") == 1
+    with sqlite3.connect(db.path) as check:
+        values = {row[0] for row in check.execute("SELECT value FROM scratch")}
+    assert values == {"first", "kept"}

@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
 
 from ... import metrics
@@ -127,12 +127,17 @@ class Writer:
                 for job in jobs:  # each waited for the writer, then the file lock
                     metrics.WRITE_WAIT.observe(began - job.queued_at)
                 metrics.WRITE_BATCH.observe(len(jobs))
+                # A job alone needs no savepoint (two statements): when it raises, the whole
+                # transaction is rolled back, and that is all it wrote.
+                alone = len(jobs) == 1
                 for job in jobs:
                     try:
-                        with tx.savepoint():
+                        with nullcontext() if alone else tx.savepoint():
                             job.result = job.work(tx)
                     except BaseException as exc:  # the job's own failure: handed to its caller
                         job.error = exc
+                        if alone:
+                            raise
         except BaseException as exc:  # the commit failed: nothing of the batch stands
             for job in jobs:
                 job.error = job.error or exc
