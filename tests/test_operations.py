@@ -225,6 +225,21 @@ def test_json_lines_carry_their_fields():
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
 
 
+def test_configured_lines_are_written_without_looking_up_their_caller(monkeypatch, capsys):
+    logger = logging.getLogger("mailsvc")
+    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)  # each put back after the test
+    monkeypatch.setattr(logger, "handlers", logger.handlers)
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
+    seen: list[logging.LogRecord] = []
+    logs.configure("json")
+    logger.handlers[0].addFilter(lambda record: seen.append(record) or True)  # the test's own
+    logging.getLogger("mailsvc.access").info("GET / 200", extra={"status": 200})
+    assert seen[0].lineno == 0 and seen[0].funcName == "(unknown function)"
+    line = json.loads(capsys.readouterr().err)
+    assert line["message"] == "GET / 200" and line["status"] == 200
+
+
 def test_one_line_per_attempt_and_a_relay_outage_is_logged_once_each_way(config, clock, caplog):
     port = free_port()
     config.update(
