@@ -13,6 +13,9 @@ D1  mailsvc draining a pre-filled queue of --drain emails to the sink
 E2E mailsvc end to end: the emails H2 accepted, from wrk's start to the sink's last receipt
 P   Postfix relaying the same message to the sink, submitted over SMTP on 32 connections, end
     to end as E2E, when Postfix is installed and the bench runs as root (skipped otherwise)
+Pdkim  P with the message submitted unsigned and signed by OpenDKIM as Postfix takes it (the
+    key and selector mailsvc signs with), when OpenDKIM is installed too: the work mailsvc
+    does, which P, given a message signed already, does not
 
 Peak throughput comes from wrk (closed loop, keep-alive). Latency comes from an open-loop client
 at half of H2's peak, timed from when each request was due. Accept-to-handoff is from the 200
@@ -41,7 +44,7 @@ import time
 from pathlib import Path
 
 from mailsvc.ids import new_ordered_id
-from mailsvc.mail.dkim import sign_message
+from mailsvc.mail.dkim import SigningKey, sign_message
 from mailsvc.mail.message import build_message
 from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
 
@@ -175,7 +178,8 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
     times = [t for t, _ in sink.received()[start_count:]]
     d1 = (len(times) - 1) / (max(times) - min(times))
 
-    message = sign_message(build_message(record), DOMAIN, key)
+    unsigned = build_message(record)
+    message = sign_message(unsigned, DOMAIN, key)
     per_thread = args.drain // threads
 
     before = sink.count()
@@ -183,7 +187,14 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
     sink.wait_for(before + per_thread * threads)
     times = [t for t, _ in sink.received()[before:]]
     d0 = (len(times) - 1) / (max(times) - min(times))
-    return {"D1": d1, "D0": d0, "threads": threads, "message": message}
+    return {
+        "D1": d1,
+        "D0": d0,
+        "threads": threads,
+        "message": message,
+        "unsigned": unsigned,
+        "key": key,
+    }
 
 
 def smtp_clients(port: int, message: bytes, clients: int, each: int) -> None:
@@ -202,13 +213,30 @@ def smtp_clients(port: int, message: bytes, clients: int, each: int) -> None:
         thread.join()
 
 
-def bench_postfix(folder: Path, sink: Sink, message: bytes, count: int) -> dict:
+def bench_postfix(
+    folder: Path, sink: Sink, message: bytes, count: int, key: SigningKey | None = None
+) -> dict:
     """P: ``count`` copies of the message submitted over SMTP on 32 connections (as many as
-    wrk opens) to a private Postfix, which relays them to the sink; end to end, as for H2."""
-    why_not = postfix.available()
+    wrk opens) to a private Postfix, which relays them to the sink; end to end, as for H2.
+    With ``key`` (Pdkim), a private OpenDKIM signs each as Postfix takes it."""
+    why_not = postfix.available(signing=key is not None)
     if why_not:
         return {"skipped": why_not}
-    relay = postfix.Postfix(folder, sink.port).start()
+    signer = None
+    if key is not None:
+        folder = folder / "signing"  # a Postfix and an OpenDKIM of the case's own
+        signer = postfix.OpenDkim(folder, DOMAIN, key.selector, key.private_pem).start()
+    try:
+        return _relayed(folder, sink, message, count, signer)
+    finally:
+        if signer is not None:
+            signer.stop()
+
+
+def _relayed(
+    folder: Path, sink: Sink, message: bytes, count: int, signer: postfix.OpenDkim | None
+) -> dict:
+    relay = postfix.Postfix(folder, sink.port, None if signer is None else signer.port).start()
     connections = 32
     per_connection = count // connections
     delivered_before = sink.count()
@@ -298,6 +326,7 @@ def one_round(args, filled: cases.Prefilled, soak: bool) -> dict:
         postgres = bench_postgres(args, folder, sink)
         drain = bench_drain(args, folder, sink, env, account_id)
         relay = bench_postfix(folder, sink, drain["message"], http["E2E"][1])
+        signing = bench_postfix(folder, sink, drain["unsigned"], http["E2E"][1], drain["key"])
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -309,6 +338,7 @@ def one_round(args, filled: cases.Prefilled, soak: bool) -> dict:
         "postgres": postgres,
         "drain": drain,
         "relay": relay,
+        "signing": signing,
     }
 
 

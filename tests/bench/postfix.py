@@ -2,6 +2,10 @@
 relays everything to the sink. Its own configuration, queue and log live in a folder of the
 benchmark's; the machine's own Postfix configuration is neither read nor changed.
 
+For the Pdkim case, a private OpenDKIM (Debian's ``opendkim``, as a milter on a loopback port)
+signs each message as Postfix takes it, with the key and selector mailsvc signs with: the work a
+Postfix that sends an application's mail does, which mailsvc does too.
+
 Postfix's defaults stand except where a private loopback relay needs otherwise: every queue
 file is fsynced before the 250, as Postfix always does; the SMTP client caches connections on
 demand; at most 20 deliveries run in parallel to the one destination.
@@ -64,23 +68,84 @@ maillog_file_prefixes = {folder}
 maillog_file = {folder}/maillog
 """
 
+_MILTER_CF = """\
+smtpd_milters = inet:127.0.0.1:{port}
+non_smtpd_milters =
+milter_default_action = tempfail
+"""
 
-def available() -> str | None:
-    """Why the P case cannot run here, or None when it can."""
+# relaxed/relaxed and rsa-sha256, as mailsvc signs; OpenDKIM's default header list.
+_OPENDKIM_CONF = """\
+Mode s
+Domain {domain}
+Selector {selector}
+KeyFile {key_file}
+Canonicalization relaxed/relaxed
+SignatureAlgorithm rsa-sha256
+Socket inet:{port}@127.0.0.1
+RequireSafeKeys false
+Syslog no
+"""
+
+
+def available(signing: bool = False) -> str | None:
+    """Why the P case (``signing``: the Pdkim case) cannot run here, or None when it can."""
     if not shutil.which("postfix"):
         return "not installed"
     if os.geteuid() != 0:
         return "needs root"  # Postfix's master runs as root and hands its queue to 'postfix'
+    if signing and not shutil.which("opendkim"):
+        return "OpenDKIM not installed"
     return None
+
+
+class OpenDkim:
+    """``opendkim -f`` signing as ``domain`` with ``selector`` and the PEM key, on a loopback
+    port, until :meth:`stop`."""
+
+    def __init__(self, folder: Path, domain: str, selector: str, private_pem: str) -> None:
+        self.folder = folder / "opendkim"
+        self.port = free_port()
+        self.domain, self.selector, self.private_pem = domain, selector, private_pem
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> OpenDkim:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        key_file = self.folder / "key.pem"
+        key_file.write_text(self.private_pem)
+        key_file.chmod(0o600)
+        conf = self.folder / "opendkim.conf"
+        conf.write_text(
+            _OPENDKIM_CONF.format(
+                domain=self.domain, selector=self.selector, key_file=key_file, port=self.port
+            )
+        )
+        self.log = self.folder / "opendkim.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                ["opendkim", "-f", "-x", str(conf)], stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 30
+        while not _listening(self.port):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"OpenDKIM did not start:\n{self.log.read_text()}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
 
 
 class Postfix:
     """``postfix -c FOLDER/etc start`` relaying to ``127.0.0.1:relay_port``."""
 
-    def __init__(self, folder: Path, relay_port: int) -> None:
+    def __init__(self, folder: Path, relay_port: int, milter_port: int | None = None) -> None:
         self.folder = folder / "postfix"
         self.port = free_port()
         self.relay_port = relay_port
+        self.milter_port = milter_port
 
     def version(self) -> str:
         return subprocess.run(
@@ -95,13 +160,14 @@ class Postfix:
             (self.folder / part).mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder.parent, 0o755)  # the 'postfix' user must reach its own folders
         shutil.chown(self.folder / "data", "postfix")
-        (self.folder / "etc" / "main.cf").write_text(
-            _MAIN_CF.format(folder=self.folder, relay_port=self.relay_port)
-        )
+        main_cf = _MAIN_CF.format(folder=self.folder, relay_port=self.relay_port)
+        if self.milter_port is not None:
+            main_cf += _MILTER_CF.format(port=self.milter_port)
+        (self.folder / "etc" / "main.cf").write_text(main_cf)
         (self.folder / "etc" / "master.cf").write_text(_MASTER_CF.format(port=self.port))
         self._control("start")
         deadline = time.monotonic() + 30
-        while not self._listening():
+        while not _listening(self.port):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Postfix did not start:\n{self.log()}")
             time.sleep(0.1)
@@ -122,6 +188,7 @@ class Postfix:
         if result.returncode != 0:
             raise RuntimeError(f"postfix {command} failed:\n{self.log()}")
 
-    def _listening(self) -> bool:
-        with socket.socket() as probe:
-            return probe.connect_ex(("127.0.0.1", self.port)) == 0
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

@@ -20,16 +20,16 @@ class Row:
     met: Callable[[float], bool] | None = None
 
 
-def _relay(figure: str) -> Callable[[dict], float | None]:
-    return lambda r: None if "skipped" in r["relay"] else r["relay"][figure]
+def _relay(figure: str, case: str = "relay") -> Callable[[dict], float | None]:
+    return lambda r: None if "skipped" in r[case] else r[case][figure]
 
 
 def _postgres(figure: Callable[[dict], float]) -> Callable[[dict], float | None]:
     return lambda r: None if "skipped" in r["postgres"] else figure(r)
 
 
-def _versus_postfix(r: dict) -> float | None:
-    return None if "skipped" in r["relay"] else r["http"]["E2E"][0] / r["relay"]["E2E"]
+def _versus_postfix(case: str) -> Callable[[dict], float | None]:
+    return lambda r: None if "skipped" in r[case] else r["http"]["E2E"][0] / r[case]["E2E"]
 
 
 def _at_least(floor: float) -> tuple[str, Callable[[float], bool]]:
@@ -63,7 +63,9 @@ ROWS = [
     Row("E2E mailsvc end to end, msgs/s", lambda r: r["http"]["E2E"][0]),
     Row("P Postfix accept, msgs/s", _relay("accept")),
     Row("P Postfix end to end, msgs/s", _relay("E2E")),
-    Row("E2E / P (mailsvc / Postfix)", _versus_postfix, *_at_least(1.0)),
+    Row("E2E / P (mailsvc / Postfix)", _versus_postfix("relay"), *_at_least(1.0)),
+    Row("Pdkim Postfix+OpenDKIM e2e, msgs/s", _relay("E2E", "signing")),
+    Row("E2E / Pdkim", _versus_postfix("signing")),
     Row("H2M accept, 1M in store, emails/s", lambda r: r["large"]["accept"]),
     Row("H2M / H2", lambda r: r["large"]["accept"] / r["http"]["H2"], *_at_least(0.9)),
     Row("GET ?to= p99 ms, 1M", _read("to"), *_at_most(20)),
@@ -108,6 +110,8 @@ def report(args, rounds: list[dict]) -> None:
 def _round_notes(args, number: int, r: dict) -> None:
     http, relay, more, large = r["http"], r["relay"], r["more"], r["large"]
     postfix_said = relay["skipped"] if "skipped" in relay else f"Postfix {relay['version']}"
+    if "skipped" in r["signing"]:
+        postfix_said += f"; Pdkim skipped: {r['signing']['skipped']}"
     if "skipped" in r["postgres"]:
         print(f"round {number}: PostgreSQL skipped: {r['postgres']['skipped']}")
     print(
