@@ -29,25 +29,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .parts import ROOT
+from .parts import ROOT, email
 
-#: Runs in the checkout measured (its ``mailsvc`` first on the path): ``accept`` makes the
-#: store, ``run`` answers the accepts.
+#: Runs in the checkout measured (its ``mailsvc`` and ``tests`` first on the path):
+#: ``prepare`` makes the store with the bench's account, ``run`` answers the accepts.
 _DRIVER = r"""
-import io, json, logging, os, shutil, sys
-from mailsvc import create_app, logs, operator
-from mailsvc.store import open_store
+import io, logging, os, shutil, sys
+from mailsvc import create_app, logs
 
 command, folder = sys.argv[1], sys.argv[2]
-database = os.path.join(folder, "bench.sqlite3")
 if command == "prepare":
-    store = open_store(database)
-    account = operator.create_account(store, "Bench", 10**12)
-    key = operator.create_key(store, account["id"])["key"]
-    operator.add_domain(store, account["id"], "bench.example", verified=True)
-    for group in ("send", "list", "other"):
-        operator.set_limit(store, account["id"], group, 10**9)
-    store.shutdown()
+    from tests.bench.parts import prepare
+
+    _, key = prepare(os.path.join(folder, "bench.sqlite3"))
     with open(os.path.join(folder, "key"), "w") as out:
         out.write(key)
     sys.exit(0)
@@ -104,18 +98,12 @@ def _driver(checkout: Path, *arguments: str, valgrind: bool = False) -> str:
 
 def instructions_an_accept(checkout: Path, folder: Path, warm: int, accepts: int) -> float:
     _driver(checkout, "prepare", str(folder))
-    body = json.dumps(_email())
+    body = json.dumps(email(1))  # the bench's email, one recipient
     counts = []
     for count in (warm, warm + accepts):
         output = _driver(checkout, "run", str(folder), str(count), body, valgrind=True)
         counts.append(int(_COLLECTED.search(output)[1].replace(",", "")))
     return (counts[1] - counts[0]) / accepts
-
-
-def _email() -> dict:
-    from .parts import email  # (the bench's email, one recipient)
-
-    return email(1)
 
 
 def main() -> None:
