@@ -107,6 +107,7 @@ class OpenDkim:
         self.folder = folder / "opendkim"
         self.port = free_port()
         self.domain, self.selector, self.private_pem = domain, selector, private_pem
+        self.log = self.folder / "opendkim.log"
         self.process: subprocess.Popen | None = None
 
     def start(self) -> OpenDkim:
@@ -120,7 +121,6 @@ class OpenDkim:
                 domain=self.domain, selector=self.selector, key_file=key_file, port=self.port
             )
         )
-        self.log = self.folder / "opendkim.log"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
                 ["opendkim", "-f", "-x", str(conf)], stdout=log, stderr=subprocess.STDOUT
