@@ -58,7 +58,7 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         document = _body(request, limit, endpoint.schema in schemas.arrays)
     present = _without_nulls(document)
     problems = schemas.problems(endpoint.schema, present)
-    if endpoint.parse is None:
+    if endpoint.parse is None or problems.stopped:  # the parser needs what the schema passed
         problems.raise_if_any()
         value = present
     else:

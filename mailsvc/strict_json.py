@@ -5,7 +5,9 @@ Refused, each with a 400: text that is not UTF-8; malformed JSON; ``NaN``, ``Inf
 numbers that overflow to them (``1e400``); integers outside the 64-bit signed range (also what
 keeps Python's 4,300-digit conversion limit out of reach); an object with the same key twice;
 strings holding NUL or a lone UTF-16 surrogate (``"\\ud800"``), which neither UTF-8 nor
-PostgreSQL can carry; and nesting deeper than :data:`MAX_DEPTH`.
+PostgreSQL can carry; nesting deeper than :data:`MAX_DEPTH`; and more than :data:`MAX_VALUES`
+items and fields in all, which is counted before the text is parsed (a body of 16 MiB could
+otherwise hold eight million numbers, and cost seconds of CPU to parse and walk).
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from .validation import field_path
 
 #: Deepest nesting of arrays and objects accepted in a request body.
 MAX_DEPTH = 32
+#: Items of arrays and fields of objects in one body, at most, all levels together.
+MAX_VALUES = 100_000
 _INT_DIGITS = 19
 _INT_RANGE = range(-(2**63), 2**63)
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
+#: Parsed values that need no look: what the parser makes of numbers that fit, true, false, null.
+_SETTLED = frozenset({int, float, bool, type(None)})
 
 
 class _Duplicated(dict[str, Any]):
@@ -49,6 +55,7 @@ def parse(raw: bytes) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ValidationFailed("body: not valid UTF-8") from None
+    _count_values(text)
     try:
         document = json.loads(
             text,
@@ -70,6 +77,25 @@ def parse(raw: bytes) -> Any:
     return document
 
 
+def _count_values(text: str) -> None:
+    """Refuse, before parsing, a text with more than :data:`MAX_VALUES` items and fields: each
+    but the first of an array or object follows a comma outside any string, so there are more
+    when there are that many such commas. Every step is one
+    pass of C over the text; the strings are cut out only when there are few of them.
+
+    :raises ValidationFailed: there are more.
+    """
+    too_many = ValidationFailed(f"body: more than {MAX_VALUES} items and fields in all")
+    if text.count(",") < MAX_VALUES:
+        return
+    # A field has two strings at most (its key, its value), an item one.
+    if (text.count('"') - text.count('\\"')) // 2 > 2 * MAX_VALUES:
+        raise too_many
+    plain = text.replace("\\\\", "").replace('\\"', "")
+    if "".join(plain.split('"')[::2]).count(",") >= MAX_VALUES:
+        raise too_many
+
+
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) == len(pairs):
@@ -80,6 +106,8 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _integer(text: str) -> int | _Unfit:
+    if len(text) < _INT_DIGITS:  # fits whatever its digits
+        return int(text)
     if len(text.lstrip("-")) > _INT_DIGITS:
         return _Unfit(text)
     number = int(text)
@@ -100,6 +128,8 @@ def _inspect(document: Any, escaped: bool) -> None:
 
     :param escaped: the text had a ``\\u`` escape, so a string may hold NUL or a surrogate.
     """
+    # Values with nothing to look at are not visited one by one (a list of numbers).
+    settled = _SETTLED if escaped else _SETTLED | {str}
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(document, ())]
     while stack:
         value, path = stack.pop()
@@ -113,10 +143,15 @@ def _inspect(document: Any, escaped: bool) -> None:
             for key, item in value.items():
                 if escaped and _BAD_TEXT.search(key):
                     raise ValidationFailed(f"{_field(path)}: a key {_what_is_bad(key)}")
-                stack.append((item, (*path, key)))
+                if type(item) not in settled:
+                    stack.append((item, (*path, key)))
         elif isinstance(value, list):
             _deep(path)
-            stack.extend((item, (*path, index)) for index, item in enumerate(value))
+            stack.extend(
+                (item, (*path, index))
+                for index, item in enumerate(value)
+                if type(item) not in settled
+            )
         elif isinstance(value, _Unfit):
             raise ValidationFailed(
                 f"{_field(path)}: the number {value.text[:40]} is out of range "

@@ -5,6 +5,12 @@ recipients"``); a schema can give the text for a keyword in an ``x-messages`` ob
 generic text would be vague. A request's parser adds its own problems to the schema's
 (:class:`Problems`), and the client gets them all in one 400: every unknown field, every bad
 field, in a stable order, up to :data:`MAX_REPORTED`.
+
+What a refusal costs is bounded by the body's size and by :data:`MAX_COLLECTED`, never by the
+number of its faults squared: each problem is added and looked up in constant time, the schema
+check stops once it has found :data:`MAX_COLLECTED` problems (the parser does not run then),
+and the items of an array longer than its ``maxItems`` (the fields of an object with more than
+its ``maxProperties``) are not looked at one by one: the count is what is wrong.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -29,6 +35,10 @@ if TYPE_CHECKING:
 
 #: Problems listed in one answer at most; the rest are counted.
 MAX_REPORTED = 20
+#: Problems the schema check collects at most; past this it stops, and the answer says so.
+MAX_COLLECTED = 100
+#: The schema keywords whose failure leaves the items (fields) of their value unchecked.
+_SKIPPING = frozenset({"maxItems", "maxProperties"})
 
 _TYPE_NAMES = {
     "string": "a string",
@@ -66,9 +76,7 @@ class Schemas:
         """jsonschema's validator of a schema, made the first time a document is refused: the
         library (and what it loads, a few megabytes in each worker) is needed only then."""
         if name not in self._validators:
-            from jsonschema import Draft202012Validator
-
-            self._validators[name] = Draft202012Validator(
+            self._validators[name] = _bounded_validator()(
                 self._schemas[name], registry=self._registry
             )
         return self._validators[name]
@@ -92,9 +100,17 @@ class Schemas:
                 return problems
             except fastjsonschema.JsonSchemaException:
                 pass  # jsonschema says what is wrong, in words
-        for error in _ordered(list(self.worded(name).iter_errors(instance))):
+        errors: list[ValidationError] = []
+        for error in self.worded(name).iter_errors(instance):
+            if len(errors) == MAX_COLLECTED:
+                problems.stopped = True
+                break
+            errors.append(error)
+        for error in _ordered(errors):
             for problem in describe(error):
                 problems.add_problem(problem)
+            if error.validator in _SKIPPING:
+                problems.leave_unchecked(field_path(error.absolute_path))
         return problems
 
     def validate(self, name: str, instance: Any) -> None:
@@ -113,6 +129,21 @@ class Problem:
         return self.text
 
 
+class _Found:
+    """The problems of one input, shared by the views of its parts."""
+
+    def __init__(self) -> None:
+        self.listed: list[Problem] = []
+        self.seen: set[Problem] = set()
+        #: Every field with a problem, and every field that holds one (``to``, ``[3]``).
+        self.failed_fields: set[str] = set()
+        #: Arrays and objects whose items or fields were not checked one by one (there were
+        #: more than their ``maxItems`` or ``maxProperties``): nothing in them is checked.
+        self.unchecked: set[str] = set()
+        #: The schema check stopped at :data:`MAX_COLLECTED`: there may be more.
+        self.stopped = False
+
+
 class Problems:
     """Everything wrong with one input, collected before it is refused.
 
@@ -120,13 +151,27 @@ class Problems:
         item); the problems of a view made with :meth:`within` go to the same list.
     """
 
-    def __init__(self, prefix: str = "", found: list[Problem] | None = None) -> None:
+    def __init__(self, prefix: str = "", found: _Found | None = None) -> None:
         self.prefix = prefix
-        self.found: list[Problem] = [] if found is None else found
+        self._found = _Found() if found is None else found
 
     def within(self, prefix: str) -> Problems:
         """The problems of a part of the input, named from where it stands."""
-        return Problems(self.prefix + prefix, self.found)
+        return Problems(self.prefix + prefix, self._found)
+
+    @property
+    def found(self) -> list[Problem]:
+        return self._found.listed
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the schema check gave up counting (the input has more problems than
+        :data:`MAX_COLLECTED`); the parser must not run on such an input."""
+        return self._found.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self._found.stopped = value
 
     def _named(self, field: str) -> str:
         return (self.prefix + field).rstrip(".") if field else self.prefix.rstrip(".")
@@ -136,19 +181,26 @@ class Problems:
         self.add_problem(Problem(named, f"{named or 'body'}: {rule}"))
 
     def add_problem(self, problem: Problem) -> None:
-        if problem not in self.found:
-            self.found.append(problem)
+        found = self._found
+        if problem in found.seen:
+            return
+        found.seen.add(problem)
+        found.listed.append(problem)
+        found.failed_fields.update(_enclosing(problem.field))
+
+    def leave_unchecked(self, field: str) -> None:
+        """Nothing inside ``field`` has been checked: a parser must leave it all alone."""
+        self._found.unchecked.add(self._named(field))
 
     def failed(self, field: str = "") -> bool:
         """Whether ``field`` (or, not given, this part of the input), or anything inside it,
-        has a problem already."""
-        named = self._named(field)
-        return any(
-            problem.field == named
-            or not named
-            or problem.field.startswith((f"{named}.", f"{named}["))
-            for problem in self.found
-        )
+        has a problem already, or what holds it was left unchecked."""
+        named, found = self._named(field), self._found
+        if found.unchecked and ("" in found.unchecked or found.unchecked & set(_enclosing(named))):
+            return True
+        if not named:
+            return bool(found.listed)
+        return named in found.failed_fields
 
     @contextmanager
     def checking(self, field: str = "") -> Iterator[None]:
@@ -161,11 +213,24 @@ class Problems:
 
     def raise_if_any(self) -> None:
         """:raises ValidationFailed: listing every problem (the first :data:`MAX_REPORTED`)."""
-        if not self.found:
+        listed = self._found.listed
+        if not listed:
             return
-        shown = [str(problem) for problem in self.found[:MAX_REPORTED]]
-        more = len(self.found) - len(shown)
-        raise ValidationFailed("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+        shown = [str(problem) for problem in listed[:MAX_REPORTED]]
+        more = len(listed) - len(shown)
+        if self._found.stopped:
+            tail = f"; and {more} more (the check stops at {MAX_COLLECTED} problems)"
+        else:
+            tail = f"; and {more} more" if more > 0 else ""
+        raise ValidationFailed("; ".join(shown) + tail)
+
+
+def _enclosing(field: str) -> Iterator[str]:
+    """``field`` and each field that holds it: ``[3].to[2]``, ``[3].to``, ``[3]``."""
+    yield field
+    for index in range(len(field) - 1, 0, -1):
+        if field[index] in ".[":
+            yield field[:index]
 
 
 def _as_draft7(schema: Any) -> Any:
@@ -211,8 +276,49 @@ def _schema_folder() -> Traversable:
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:
+    """Most shallow first, then in the order of the document's fields and items (``to[2]``
+    before ``to[10]``)."""
     return sorted(
-        errors, key=lambda error: (len(error.absolute_path), field_path(error.absolute_path))
+        errors,
+        key=lambda error: (
+            len(error.absolute_path),
+            [(isinstance(part, int), part) for part in error.absolute_path],
+        ),
+    )
+
+
+@cache
+def _bounded_validator() -> Any:
+    """jsonschema's 2020-12 validator, except that it does not look at each item of an array
+    longer than its ``maxItems``, nor at each field of an object with more than its
+    ``maxProperties``: ``maxItems`` or ``maxProperties`` says what is wrong, and a body of
+    100,000 items is refused for the price of one."""
+    from jsonschema import Draft202012Validator, validators
+
+    def within(keyword: str, bound: str, kind: str) -> Any:
+        check = Draft202012Validator.VALIDATORS[keyword]
+
+        def bounded(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+            if (
+                validator.is_type(instance, kind)
+                and bound in schema
+                and len(instance) > schema[bound]
+            ):
+                return
+            yield from check(validator, value, instance, schema)
+
+        return bounded
+
+    return validators.extend(
+        Draft202012Validator,
+        {
+            "items": within("items", "maxItems", "array"),
+            "prefixItems": within("prefixItems", "maxItems", "array"),
+            "contains": within("contains", "maxItems", "array"),
+            "properties": within("properties", "maxProperties", "object"),
+            "additionalProperties": within("additionalProperties", "maxProperties", "object"),
+            "patternProperties": within("patternProperties", "maxProperties", "object"),
+        },
     )
 
 
