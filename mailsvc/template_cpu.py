@@ -13,7 +13,10 @@ compile (a send without a template never does), and a render may use no more tha
 it is stopped there, and the request refused with a 429 (a compile, bounded by its size, only
 has to find some left). What they spent is charged, whatever the answer, in the transaction
 that takes the request's rate-limit token (or, if none is taken, one of its own): no write is
-added. Requests under way at once may each spend what they found left, so an account can
+added. A render that overran what was left (it stops at its next check of the deadline, a few
+milliseconds at most) is charged in full, the bucket going below empty, and the account's
+renders are refused until it has refilled above empty again (the 429's ``Retry-After`` says
+when). Requests under way at once may each spend what they found left, so an account can
 overrun its bucket by what those requests spend, at most what each found left (and a render
 limit a template each).
 """
@@ -27,10 +30,10 @@ from dataclasses import dataclass
 
 from .errors import RateLimited
 from .mail.budget import AccountCpuSpent, cpu_now
-from .store import Reads, Writes, tokens_at
+from .store import TEMPLATE_CPU_GROUP, Reads, Writes, tokens_at
 
 #: The bucket's name among the rate limits' (``account_limits`` and ``rate_buckets``).
-GROUP = "template_cpu_ms"
+GROUP = TEMPLATE_CPU_GROUP
 
 
 @dataclass
@@ -48,12 +51,13 @@ class Meter:
     #: Charged in a transaction of its own (the request took no token).
     charged: bool = False
 
-    def refusal(self) -> RateLimited:
-        # The bucket is never charged below empty: some is back as soon as it refills at all.
+    def refusal(self, left_ms: float) -> RateLimited:
+        """The 429 for an account with ``left_ms`` (at most 0) of its bucket: it waits until
+        what it owes has refilled, and one millisecond more."""
         return RateLimited(
             f"template CPU: this account's templates have used their {self.per_minute} ms of "
             f"CPU time a minute (MAILSVC_TEMPLATE_CPU_MS_PER_MINUTE); retry later",
-            60.0 / self.per_minute,
+            (1.0 - left_ms) * 60.0 / self.per_minute,
         )
 
 
@@ -91,7 +95,7 @@ def metered() -> Iterator[float | None]:
         meter.left_ms = tokens_at(bucket, meter.per_minute, meter.now)
     left = meter.left_ms - meter.spent_ms
     if left <= 0:
-        raise meter.refusal()
+        raise meter.refusal(left)
     started, stopped = cpu_now(), False
     try:
         yield left
@@ -100,7 +104,7 @@ def metered() -> Iterator[float | None]:
     finally:
         meter.spent_ms += (cpu_now() - started) * 1000
     if stopped:
-        raise meter.refusal()
+        raise meter.refusal(meter.left_ms - meter.spent_ms)
 
 
 def charge(tx: Writes, meter: Meter) -> None:

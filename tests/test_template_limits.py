@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from mailsvc.mail import rendering
+from mailsvc.mail import rendering, sandbox
 from mailsvc.mail.budget import Budget, RenderLimit, cpu_now
 from mailsvc.mail.rendering import TemplateLimits, check_template, render
 
@@ -43,8 +43,8 @@ REFUSED_ON_RENDER = [
         "a number larger than 4096 bits",
     ),
     ("a huge power", "{{ 2 ** 100000 }}", {}, "larger than 4096 bits"),
-    ("string times a billion", "{{ 'x' * 300000000 }}", {}, "made more than 8000000 characters"),
-    ("list times a million", "{{ [1, 2] * 1000000 }}", {}, "made more than"),
+    ("string times a billion", "{{ 'x' * 300000000 }}", {}, "made a text of more than 1000000"),
+    ("list times a million", "{{ [1, 2] * 1000000 }}", {}, "a list of more than 10000 items"),
     (
         "loops that print nothing",
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
@@ -69,7 +69,7 @@ REFUSED_ON_RENDER = [
         "{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}"
         "{% endfor %}{{ ns.s }}",
         {},
-        "made more than",
+        "made a text of more than 1000000",
     ),
     (
         "slices kept in a loop",
@@ -78,14 +78,14 @@ REFUSED_ON_RENDER = [
         {},
         "made more than",
     ),
-    ("center(10**9)", "{{ 'x'|center(1000000000) }}", {}, "made more than"),
+    ("center(10**9)", "{{ 'x'|center(1000000000) }}", {}, "made a text of more than"),
     (
         "folded at compile time",
         "{% autoescape 'x'|center(1000000000) %}x{% endautoescape %}",
         {},
-        "made more than",
+        "made a text of more than",
     ),
-    ("indent(10**9)", "{{ 'a\nb'|indent(1000000000) }}", {}, "made more than"),
+    ("indent(10**9)", "{{ 'a\nb'|indent(1000000000) }}", {}, "made a text of more than"),
     ("a wide % format", "{{ '%0999999999d' % 1 }}", {}, "width or precision is too large"),
     (
         "a wide format filter",
@@ -115,6 +115,27 @@ REFUSED_ON_RENDER = [
     ("a method as text", "{{ ''.upper|string }}", {}, "not text"),
     ("Python internals", "{{ ''.__class__.__mro__ }}", {}, "is unsafe"),
     ("deep recursion", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", {}, "text:"),
+    # One filter call over a large input used to run to its end, whatever the deadline.
+    ("sort over a long text", "{{ ('ab' * 10001)|sort|length }}", {}, "sort(): at most 10000"),
+    ("groupby over a range", "{{ range(20000)|groupby('real')|list }}", {}, "groupby(): at most"),
+    ("unique over a long text", "{{ ('x' * 20000)|unique|list }}", {}, "unique(): at most"),
+    ("select over a range", "{{ range(50000)|select|list|length }}", {}, "select(): at most"),
+    ("urlize a long text", "{{ ('see a.example ' * 1000)|urlize }}", {}, "urlize(): at most"),
+    ("striptags a long text", "{{ ('<b>x</b>' * 20000)|striptags }}", {}, "striptags(): at most"),
+    ("a split into many", "{{ ('a ' * 30000).split()|length }}", {}, "more than 10000 items"),
+    (
+        "sorting too many variables",
+        "{{ items|sort|join(', ') }}",
+        {"items": list(range(20_000))},
+        "variables.items: at most 10000 items",
+    ),
+    (
+        "a nested list too long",
+        "{{ a.b|length }}",
+        {"a": {"b": [[0] * 10_001]}},
+        "variables.a.b[0]: at most 10000 items",
+    ),
+    ("a variable too long", "{{ s|length }}", {"s": "x" * 1_000_001}, "variables.s: at most"),
 ]
 
 
@@ -155,8 +176,9 @@ def test_renders_over_a_limit_are_refused(client, tenant, app, case, source, var
     )
     spent = time.process_time() - started
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert_error(rendered, 400, "text:", fragment)
-    assert_error(sent, 400, "text:", fragment)
+    where = () if fragment.startswith("variables") else ("text:",)
+    assert_error(rendered, 400, *where, fragment)
+    assert_error(sent, 400, *where, fragment)
     assert spent < 1.0 and grown_mb < 200, (spent, grown_mb)
     with app.store.read() as view:
         assert view.count_emails_by_status() == {}
@@ -265,3 +287,41 @@ def test_a_full_garbage_collection_is_not_counted_as_a_renders_cpu():
         spinning = Budget(deadline, 2, 100, 100, started=deadline - 0.002)
         while True:
             spinning.tick()
+
+
+#: Each filter that works through its input, over the largest input it takes, many times.
+AT_THE_CAP = [
+    *[
+        (name, f"{{% for i in range(10000) %}}{{% set x = (s * {chars // 10})|{name} %}}"
+         "{% endfor %}")
+        for name, chars in sandbox.TEXT_INPUT.items()
+    ],
+    *[
+        (name, f"{{% for i in range(10000) %}}{{{{ items|{name}|list|length }}}}{{% endfor %}}")
+        for name in ("sort", "unique", "list", "reject", "select", "map('upper')")
+    ],
+    ("groupby", "{% for i in range(10000) %}{{ rows|groupby('a')|list|length }}{% endfor %}"),
+    ("dictsort", "{% for i in range(10000) %}{{ pairs|dictsort|length }}{% endfor %}"),
+    ("sort(attribute)", "{% for i in range(10000) %}{{ rows|sort(attribute='b')|length }}"
+     "{% endfor %}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "source"), AT_THE_CAP, ids=[case[0] for case in AT_THE_CAP])
+def test_the_cpu_limit_holds_with_filters_at_their_largest_input(name, source):
+    """The deadline is checked between steps; with every input bounded, no one step (one
+    filter call) can run long, so a render stops close to its limit whatever it calls."""
+    limits = TemplateLimits(100_000, 1_000_000, 100, 1_000_000)
+    variables = {
+        "s": "<b>a.e</b>",  # ten characters: a tag, a link, words
+        "items": [str(n) * 20 for n in range(sandbox.MAX_ITEMS)],
+        "rows": [{"a": n % 97, "b": str(n)} for n in range(sandbox.MAX_ITEMS)],
+        "pairs": {str(n): n for n in range(sandbox.MAX_ITEMS)},
+    }
+    started = cpu_now()  # (a render is not charged the heap's full collections)
+    # Stopped by its CPU limit, or by the text it made (a sorted copy of 10,000 items a turn).
+    stopped = r"more than 100 ms of CPU|made more than \d+ characters of text"
+    with pytest.raises(rendering.ValidationFailed, match=stopped):
+        render(None, None, source, variables, limits)
+    spent_ms = (cpu_now() - started) * 1000
+    assert spent_ms < 150, spent_ms  # 100 ms, and one step over it at most

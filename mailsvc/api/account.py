@@ -38,7 +38,7 @@ def _limits_and_remaining(
     for group in (*ROUTE_GROUPS, template_cpu.GROUP):
         own, bucket = view.get_bucket(account_id, group)
         limits[group] = services.limiter.per_minute(own, group)
-        remaining[group] = int(tokens_at(bucket, limits[group], now))
+        remaining[group] = max(0, int(tokens_at(bucket, limits[group], now)))  # or owed
     return limits, remaining
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationFailed
-from .budget import AccountCpuSpent, Budget, RenderLimit, cpu_now
+from .budget import MAX_ITEMS, AccountCpuSpent, Budget, RenderLimit, cpu_now
 
 if TYPE_CHECKING:
     from jinja2 import nodes
@@ -98,6 +98,7 @@ def render(
         part cannot be rendered.
     :raises AccountCpuSpent: the render used ``account_cpu_ms``.
     """
+    check_variables(variables, limits)
     chars = WORKING_TEXT_FACTOR * limits.max_output_chars
     allowed_ms = min(limits.render_cpu_ms, account_cpu_ms or limits.render_cpu_ms)
     account_bound = allowed_ms < limits.render_cpu_ms
@@ -109,6 +110,7 @@ def render(
         chars,
         account_bound=account_bound,
         started=started,
+        max_text=limits.max_output_chars,
     )
     out: dict[str, str | None] = {}
     for part, source in (("subject", subject), ("html", html), ("text", text)):
@@ -123,6 +125,33 @@ def render(
             )
         out[part] = _render_part(compiled, variables, part, budget, limits)
     return Rendered(**out)
+
+
+def check_variables(variables: dict[str, Any], limits: TemplateLimits) -> None:
+    """:raises ValidationFailed: a list or object in ``variables`` has more than
+    :data:`~.budget.MAX_ITEMS` items, or a text more characters than a render may print (what
+    a template is given, it could otherwise sort, group or search for longer than its CPU
+    limit in one step)."""
+    longest = limits.max_output_chars
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(variables, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(value) > MAX_ITEMS:
+            raise ValidationFailed(f"{_variable(path)}: at most {MAX_ITEMS} items")
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(item, dict | list):
+                stack.append((item, (*path, key)))
+            elif isinstance(item, str) and len(item) > longest:
+                raise ValidationFailed(
+                    f"{_variable((*path, key))}: at most {longest} characters "
+                    f"(MAILSVC_TEMPLATE_MAX_OUTPUT_CHARS)"
+                )
+
+
+def _variable(path: tuple[str | int, ...]) -> str:
+    return "variables" + "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in path
+    )
 
 
 def _render_part(

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from .accounts import TEMPLATE_CPU_GROUP
 from .contract import (
     CreditExhausted,
     DomainExists,
@@ -81,6 +82,7 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreUnavailable",
+    "TEMPLATE_CPU_GROUP",
     "Suppression",
     "Template",
     "Webhook",

@@ -11,6 +11,9 @@ from .sql import Connection, Contended, Dialect
 #: The check constraints that refuse an overdraft and a take from an empty bucket.
 CREDITS_CHECK = "accounts_credits_check"
 TOKENS_CHECK = "rate_buckets_tokens_check"
+#: The bucket of an account's template CPU time, the one bucket that may be charged below empty
+#: (the CHECK of migration 0013 names it): what was spent is owed until the bucket refills.
+TEMPLATE_CPU_GROUP = "template_cpu_ms"
 
 
 class AccountVerbs:
@@ -87,20 +90,24 @@ class AccountVerbs:
         self, account_id: str, route_group: str, amount: float, per_minute: int, now: float
     ) -> None:
         # What was spent is charged whatever is left: the bucket is refilled to ``now`` and
-        # ``amount`` taken, down to empty (never below: the CHECK holds), in one upsert.
+        # ``amount`` taken, in one upsert; down to a minute's worth below empty where the
+        # group may owe (the CHECK allows it), else down to empty.
         greatest = self.dialect.greatest
         capacity = float(per_minute)
+        floor = -capacity if route_group == TEMPLATE_CPU_GROUP else 0.0
         self.run(
             f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
-            f"VALUES (?, ?, {greatest}(0, ? - ?), ?) ON CONFLICT (account_id, route_group) DO "
-            f"UPDATE SET tokens = {greatest}(0, {self._refilled()} - ?), "
+            f"VALUES (?, ?, {greatest}(?, ? - ?), ?) ON CONFLICT (account_id, route_group) DO "
+            f"UPDATE SET tokens = {greatest}(?, {self._refilled()} - ?), "
             f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
             (
                 account_id,
                 route_group,
+                floor,
                 capacity,
                 amount,
                 now,
+                floor,
                 capacity,
                 now,
                 capacity / 60,

@@ -236,9 +236,10 @@ class Writes(Reads, Protocol):
         self, account_id: str, route_group: str, amount: float, per_minute: int, now: float
     ) -> None:
         """Refill the account's bucket (at most ``per_minute``, ``per_minute / 60`` a second)
-        up to ``now`` and take ``amount`` from it, leaving it empty when it holds less: for
-        what was spent already (template CPU time), which a refusal cannot undo. One
-        statement: charges from every worker and host add up, none is lost."""
+        up to ``now`` and take ``amount`` from it: for what was spent already (template CPU
+        time), which a refusal cannot undo. When it holds less, the template CPU bucket goes
+        below empty (down to ``-per_minute``: owed, and waited for); any other is left empty.
+        One statement: charges from every worker and host add up, none is lost."""
         ...
 
     def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
