@@ -46,7 +46,7 @@ from .retention import Purger
 from .routes import URL_MAP, Endpoint
 from .services import build_services
 from .settings import Settings, load_settings
-from .store import CreditExhausted, Store, TokenExhausted, Writes, open_store
+from .store import CreditExhausted, Store, StoreOutage, TokenExhausted, Writes, open_store
 from .validation import Schemas
 from .webhooks.pool import WebhookPool
 
@@ -136,6 +136,8 @@ class MailService:
         try:
             with template_cpu.metering(admission.template_cpu, self.store.reads):
                 response = self._respond(request, endpoint, matched, admission)
+        except StoreOutage:
+            raise  # no token can be taken either: the store cannot be used
         except RateLimited:
             # No token, but the CPU its templates spent is charged all the same.
             self.services.limiter.charge_alone(self.store, admission)
@@ -170,6 +172,8 @@ class MailService:
     def _respond(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
+        if endpoint.writes:  # nothing is added to a store whose disk is nearly full
+            self.store.check_room(self.settings.store_min_free_mb * 2**20)
         if not endpoint.large_body:
             return self._handle(request, endpoint, matched, admission)
         with self.services.large_bodies.place(admission.principal.account_id, request.environ):

@@ -20,7 +20,7 @@ from .inbound.reports import MAX_REPORT_BYTES
 from .services import build_services
 from .settings import SettingsError, load_settings, unknown_variables
 from .startup import open_checked_store, warn
-from .store import Store, StoreUnavailable
+from .store import Store, StoreOutage, StoreUnavailable
 
 #: sysexits.h: a temporary failure; the caller (an MTA) should try again later.
 EX_TEMPFAIL = 75
@@ -246,8 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except operator.TryLater as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
         return EX_TEMPFAIL
-    except StoreUnavailable as exc:
-        print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
+    except (StoreUnavailable, StoreOutage) as exc:
+        said = exc.detail or str(exc) if isinstance(exc, StoreOutage) else str(exc)
+        print(f"mailsvc: {' '.join(said.split())}", file=sys.stderr)
         return EX_TEMPFAIL if arguments.action is _inbound else 1
     except (operator.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -82,9 +82,17 @@ class UnsupportedMediaType(ServiceError):
 
 
 class ServiceUnavailable(ServiceError):
-    """The service cannot do its work now (the store, delivery): the reason says which."""
+    """The service cannot do its work now (the store, delivery): the reason says which, and
+    ``retry_after`` (seconds), when given, when to ask again."""
 
     status = 503
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = None if retry_after is None else max(1, math.ceil(retry_after))
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
 
 
 class RateLimited(ServiceError):

@@ -21,13 +21,22 @@ from .auth import SCOPES, issue_key
 from .errors import ServiceError, ValidationFailed
 from .ids import new_id
 from .inbound.processing import Outcome, apply_report, match_report
-from .inbound.reports import read_report
+from .inbound.reports import Unusable, read_report
 from .mail.addresses import normalise_domain, parse_address
 from .mail.dkim import dns_record, new_signing_key
 from .ratelimit import ROUTE_GROUPS
 from .services import Services
 from .settings import SETTINGS, Settings, load_settings, unknown_variables
-from .store import POSTGRES_SCHEMES, Domain, DomainTaken, Reads, Store, StoreUnavailable, Writes
+from .store import (
+    POSTGRES_SCHEMES,
+    Domain,
+    DomainTaken,
+    Reads,
+    Store,
+    StoreOutage,
+    StoreUnavailable,
+    Writes,
+)
 from .template_cpu import GROUP as TEMPLATE_CPU
 from .timestamps import iso_time
 
@@ -237,6 +246,9 @@ def receive_report(
     """
     try:
         report = read_report(raw, recipient)
+    except Unusable as exc:
+        log.warning("inbound: a message was dropped: %s", exc)
+        return {"result": "dropped", "reason": str(exc)}
     except Exception as exc:  # a message no parser can read is no report mailsvc can use
         log.warning("inbound: an unreadable message was left alone: %s", exc)
         return {"result": "not a report"}
@@ -250,15 +262,25 @@ def receive_report(
                 "inbound: a %s report (%s) was ignored: %s",
                 report.format,
                 report.key,
-                "its return path's MAC is wrong"
-                if found.result == "unverifiable"
-                else "it names no email this store knows",
+                _IGNORED[found.result],
             )
             return asdict(found)
         outcome = store.write(apply_report(report, found, services.clock()))
-    except Exception as exc:
-        raise TryLater(f"the store could not be used ({type(exc).__name__}: {exc})") from None
+    except StoreOutage as exc:
+        raise TryLater(f"the store could not be used ({exc})") from None
+    except Exception:  # a message this code cannot use: never retried for days
+        log.exception("inbound: a %s report (%s) was dropped", report.format, report.key)
+        return {"result": "dropped", "reason": "it could not be used (logged)"}
     return asdict(outcome)
+
+
+#: Why a report was ignored, by its outcome, for the log.
+_IGNORED = {
+    "unverifiable": "its return path's MAC is wrong",
+    "unknown": "it names no email this store knows (with a return-path domain, only a return "
+    "path of ours counts)",
+    "several accounts": "it quotes the mail of more than one account",
+}
 
 
 def receive_maildir(store: Store, services: Services, folder: str) -> dict[str, Any]:

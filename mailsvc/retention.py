@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from .ids import new_id
-from .store import Store
+from .store import Store, StoreOutage
 
 log = logging.getLogger("mailsvc.retention")
 
@@ -73,6 +73,8 @@ class Purger:
         while not stopped.wait(self.interval):
             try:
                 self.run_once(stopped)
+            except StoreOutage:  # logged by the store, once
+                pass
             except Exception:
                 log.exception("purging old mail failed; trying again in %.0f s", self.interval)
 

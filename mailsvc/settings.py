@@ -176,6 +176,14 @@ SETTINGS: tuple[Setting, ...] = (
         _synchronous,
     ),
     Setting(
+        "store_min_free_mb",
+        128,
+        "Free space kept on the SQLite store's file system, in MiB: below it, requests that "
+        "would add to the store are refused with 503 and `Retry-After`, and what is left lets "
+        "delivery record its outcomes (as Postfix's `queue_minfree`). 0: none kept.",
+        _non_negative_int,
+    ),
+    Setting(
         "smtp_url",
         "",
         "Relay, as `smtp://[user:password@]host[:port][?starttls=1]` or `smtps://...`. "
@@ -448,7 +456,14 @@ def _parse(setting: Setting, raw: str, source: str) -> Any:
     try:
         return setting.parse(raw)
     except ValueError as exc:
-        raise SettingsError(f"{source}={raw!r}: expected {exc}") from None
+        raise SettingsError(f"{source}={_shown(setting, raw)}: expected {exc}") from None
+
+
+def _shown(setting: Setting, raw: str) -> str:
+    """A value as an error message may repeat it: never a secret, nor a URL's password."""
+    if setting.parse is _secret:
+        return "(not shown: a secret)"
+    return repr(re.sub(r"(//[^/@:]*:)[^@]*(@)", r"\1***\2", raw))
 
 
 def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:

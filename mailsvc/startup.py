@@ -9,7 +9,7 @@ import sys
 from typing import NoReturn
 
 from .settings import Settings, SettingsError
-from .store import Store, StoreUnavailable, open_store
+from .store import Store, StoreOutage, StoreUnavailable, open_store
 
 
 def open_checked_store(settings: Settings) -> Store:
@@ -20,6 +20,10 @@ def open_checked_store(settings: Settings) -> Store:
     store = open_store(settings.database, settings.sqlite_synchronous, settings.postgres_pool_size)
     try:
         store.reads.get_account("acc_startup_check")
+    except StoreOutage as exc:
+        if exc.detail.startswith("MAILSVC_DATABASE"):
+            raise StoreUnavailable(exc.detail) from None
+        raise StoreUnavailable(f"MAILSVC_DATABASE: cannot open it ({exc.detail})") from None
     except (sqlite3.Error, OSError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StoreUnavailable(

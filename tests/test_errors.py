@@ -86,8 +86,11 @@ def test_body_over_the_limit_is_413(config, clock, tenant, app):
 
 
 def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):
-    # The database path is a folder: SQLite cannot open it, a real internal failure.
-    broken = Client(create_app({"database": str(tmp_path), "outbox": str(tmp_path / "o")}))
+    # The database file is not a database: a real internal failure (not an outage, which is
+    # a 503: a folder there, a full disk).
+    garbage = tmp_path / "garbage.sqlite3"
+    garbage.write_bytes(b"this is not an SQLite database, " * 512)
+    broken = Client(create_app({"database": str(garbage), "outbox": str(tmp_path / "o")}))
     with caplog.at_level(logging.ERROR, logger="mailsvc"):
         well_formed = "Bearer ms_" + "a" * 26 + "_" + "b" * 52  # so the store is asked
         response = broken.post(
@@ -96,7 +99,26 @@ def test_unexpected_failure_is_a_bare_500_and_logged(tmp_path, caplog):
     body = assert_error(response, 500)
     assert "sqlite" not in body["message"].lower() and "Traceback" not in body["message"]
     assert any(record.exc_info for record in caplog.records), "the traceback is logged"
-    assert "OperationalError" in caplog.text
+    assert "DatabaseError" in caplog.text
+
+
+def test_a_store_that_cannot_be_opened_is_a_503_said_once(tmp_path, caplog):
+    # The database path is a folder: SQLite cannot open it, as with a file system gone
+    # read-only or unmounted. An outage, not a fault: 503 with Retry-After, one log line.
+    broken = Client(create_app({"database": str(tmp_path), "outbox": str(tmp_path / "o")}))
+    well_formed = "Bearer ms_" + "a" * 26 + "_" + "b" * 52  # so the store is asked
+    with caplog.at_level(logging.WARNING, logger="mailsvc"):
+        for _ in range(3):
+            response = broken.post(
+                "/v1/emails", json=email_body(), headers={"Authorization": well_formed}
+            )
+            body = assert_error(response, 503, "the store cannot take this now", "retry later")
+            assert response.headers["Retry-After"] == "10"
+            assert str(tmp_path) not in body["message"]
+    assert [record.getMessage().split(" (")[0] for record in caplog.records] == [
+        "store: it cannot be written"
+    ]
+    assert not any(record.exc_info for record in caplog.records)
 
 
 def test_every_error_path_has_the_same_shape(client, tenant, app):

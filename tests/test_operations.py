@@ -72,7 +72,10 @@ def test_readiness_fails_when_the_store_takes_no_write(tmp_path):
     )
     answer = Client(broken).get("/readyz")
     assert answer.status_code == 503
-    assert answer.get_json()["message"].startswith("store: cannot write")
+    # The route has no key: it names the condition, never the server's host or port.
+    assert answer.get_json()["message"] == "store: it cannot be reached"
+    assert answer.headers["Retry-After"] == "2"
+    assert "127.0.0.1" not in answer.get_data(as_text=True)
 
 
 # -- metrics -------------------------------------------------------------------------------------

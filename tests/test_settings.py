@@ -80,6 +80,17 @@ def test_readme_documents_every_setting_with_its_default():
         ),
         ("MAILSVC_RETENTION_DAYS", "-1", "mailsvc: MAILSVC_RETENTION_DAYS='-1': expected a number"),
         ("MAILSVC_LOG_FORMAT", "xml", "mailsvc: MAILSVC_LOG_FORMAT='xml': expected text or json"),
+        # A secret is never repeated, nor a URL's password.
+        (
+            "MAILSVC_SMTP_URL",
+            "smtp://mailer:s3cret:pass@relay.example:notaport",
+            "mailsvc: MAILSVC_SMTP_URL='smtp://mailer:***@relay.example:notaport': expected",
+        ),
+        (
+            "MAILSVC_RETURN_PATH_SECRET",
+            "tooshort",
+            "mailsvc: MAILSVC_RETURN_PATH_SECRET=(not shown: a secret): expected at least 16",
+        ),
     ],
 )
 def test_a_bad_setting_stops_the_server_with_one_line(tmp_path, variable, value, said):

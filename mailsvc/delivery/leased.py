@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any, Generic, TypeVar
 
 from ..ids import new_id
-from ..store import Store, Writes
+from ..store import Store, StoreOutage, Writes
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -201,6 +201,8 @@ class LeasedPool(Generic[Item]):
             try:
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
+            except StoreOutage:  # logged by the store, once
+                batch = []
             except Exception:
                 log.exception("%s: claiming failed; trying again at the next poll", self.name)
                 batch = []
@@ -258,6 +260,8 @@ class LeasedPool(Generic[Item]):
                         self._give_back([item])
                     else:
                         self.do(item, state)
+                except StoreOutage:  # logged by the store, once; the lease expires
+                    pass
                 except Exception:
                     log.exception("%s: %s failed; its lease will expire", self.name, self.key(item))
                 finally:
@@ -277,6 +281,8 @@ class LeasedPool(Generic[Item]):
             try:
                 # A renewal lost with the power goes with the process that held the lease.
                 self.store.write(partial(self._renew, keys=keys), False)
+            except StoreOutage:  # logged by the store, once
+                pass
             except Exception:
                 log.exception("%s: renewing leases failed; again in %.0f s", self.name, lease / 3)
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ..settings import Settings, SettingsError
+from ..store.outages import Conditions
 from .smtp import CLOSING, Exchange, Reply, not_built, text_of
 
 log = logging.getLogger("mailsvc.delivery")
@@ -335,6 +336,8 @@ class MaildirOutbox:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: The outbox's outages (a full disk), logged once as each begins and ends.
+        self.conditions = _OUTBOX_CONDITIONS
 
     def send(self, sender: str, recipients: Sequence[str], build: MessageBuilder) -> list[Reply]:
         try:
@@ -360,16 +363,22 @@ class MaildirOutbox:
             finally:
                 os.close(directory)
         except OSError as exc:
-            # The reply is shown to the tenant: it names no path of the server's; the log does.
-            log.error("Maildir %s: %s", self.path, exc)
+            # The reply is shown to the tenant: it names no path of the server's; the log does,
+            # once while the condition lasts.
             reason = exc.strerror or type(exc).__name__
+            self.conditions.began(f"cannot be written: {reason}", f"{self.path}: {exc}")
             return [Reply(None, f"the local outbox could not be written: {reason}")] * len(
                 recipients
             )
+        self.conditions.ended()
         return [Reply(250, "2.0.0 delivered to the local outbox (Maildir)")] * len(recipients)
 
     def close(self) -> None:
         pass
+
+
+#: The outbox's conditions, shared by every delivery thread of the process.
+_OUTBOX_CONDITIONS = Conditions("local outbox (Maildir)")
 
 
 def _needs_utf8(sender: str, recipients: Sequence[str]) -> bool:

@@ -2,9 +2,12 @@
 
 A report is tied to the recipients it is about by the return paths it carries, when the
 service sends with one (``MAILSVC_RETURN_PATH_DOMAIN``): each names one email and one recipient,
-and one whose MAC is wrong makes the report unverifiable, so it is ignored. Without a return
-path, the ``Message-ID`` the report quotes names the email, and the address it reports names the
-recipient. A report that names nothing the store knows is logged and ignored.
+and one whose MAC is wrong makes the report unverifiable, so it is ignored; a report that
+carries no return path of ours is ignored too (nothing else can prove what it is about). Without
+a return path, the ``Message-ID`` the report quotes names the email, and the address it reports
+must be one of that email's recipients (or, when it names none, the email must have only one);
+a report that quotes the mail of more than one account is ignored. A report that names nothing
+the store knows is logged and ignored.
 
 Then, for each recipient: a failed DSN with a ``5.x.x`` status makes it ``bounced`` (status,
 diagnostic code and reporting MTA kept), with a ``bounced`` event, the address suppressed and
@@ -51,7 +54,8 @@ class Match:
 class Outcome:
     """What processing one message did, for the operator."""
 
-    #: ``used``, ``already processed``, ``not a report``, ``unverifiable`` or ``unknown``.
+    #: ``used``, ``already processed``, ``not a report``, ``unverifiable``, ``unknown``,
+    #: ``several accounts`` or ``dropped``.
     result: str
     format: str | None = None
     changes: list[dict[str, Any]] = field(default_factory=list)
@@ -66,9 +70,12 @@ def match_report(
         if named and all(addressee is None for addressee in named):
             return Outcome("unverifiable", report.format)
         addressees = list(dict.fromkeys(a for a in named if a is not None))
-        if addressees:
-            return _by_return_path(report, reads, addressees)
+        if not addressees:  # what it quotes proves nothing: anyone may quote a Message-ID
+            return Outcome("unknown", report.format)
+        return _by_return_path(report, reads, addressees)
     emails = reads.find_emails_by_message_id(report.message_ids)
+    if len({email.account_id for email in emails}) > 1:
+        return Outcome("several accounts", report.format)
     matches = []
     for finding in report.findings:
         for email in emails:

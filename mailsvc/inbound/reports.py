@@ -18,8 +18,19 @@ from dataclasses import dataclass
 from email import message_from_bytes, policy
 from email.message import EmailMessage, Message
 
-#: Bytes of a report read at most (a bounce may quote the whole original message).
-MAX_REPORT_BYTES = 32 * 1024 * 1024
+#: Bytes of a report read at most. What a report says (the notice, the delivery status or
+#: feedback fields, the quoted headers) comes first; a bounce that quotes the whole original
+#: message brings its attachments after that, which nothing here reads.
+MAX_REPORT_BYTES = 1024 * 1024
+#: Bytes of a bounce in no standard format that its detectors read (they try a dozen patterns
+#: on each line: about 1.4 us a byte).
+MAX_PROSE_BYTES = 128 * 1024
+#: Lines that may open a MIME part (``--boundary``), at most: parsing costs more than linear
+#: time in the parts (100,000 parts: 22 s), and a report has a handful.
+MAX_PART_LINES = 400
+#: Message-IDs one report may quote: a bounce is about one message; a text that quotes more is
+#: a digest, or made to match mail it is not about.
+MAX_MESSAGE_IDS = 10
 
 BOUNCED, SOFT_BOUNCE, DELAYED, COMPLAINED, DELIVERED = (
     "bounced",
@@ -33,6 +44,11 @@ _MESSAGE_ID = re.compile(r"<[^<>\s@]+@[^<>\s]+>")
 _STATUS = re.compile(r"\b([245])\.(\d{1,3})\.(\d{1,3})\b")
 #: Headers of a report that may carry the address it was sent to (the return path).
 _ENVELOPE_HEADERS = ("To", "Delivered-To", "X-Original-To", "Envelope-To", "X-Envelope-To")
+
+
+class Unusable(Exception):
+    """A message that is over a bound of what a report can be (the reason says which): it is
+    dropped, not retried."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +82,15 @@ class Report:
 
 
 def read_report(raw: bytes, envelope_recipient: str | None = None) -> Report | None:
-    """The report in ``raw``; None when it is not a bounce or a complaint."""
-    message = message_from_bytes(raw[:MAX_REPORT_BYTES], policy=policy.default)
+    """The report in ``raw`` (its first :data:`MAX_REPORT_BYTES`); None when it is not a
+    bounce or a complaint.
+
+    :raises Unusable: it has more parts than a report has, or quotes more Message-IDs.
+    """
+    raw = raw[:MAX_REPORT_BYTES]
+    if raw.count(b"\n--") > MAX_PART_LINES:
+        raise Unusable(f"more than {MAX_PART_LINES} lines that may open a MIME part")
+    message = message_from_bytes(raw, policy=policy.default)
     assert isinstance(message, EmailMessage)
     addressed = [envelope_recipient or ""] + [
         str(value) for name in _ENVELOPE_HEADERS for value in message.get_all(name, [])
@@ -79,7 +102,7 @@ def read_report(raw: bytes, envelope_recipient: str | None = None) -> Report | N
     elif message.get_content_type() == "multipart/report" and report_type == "feedback-report":
         found = ("arf", _arf_findings(message))
     if not found or not found[1]:
-        found = ("unstructured", _unstructured_findings(message))
+        found = ("unstructured", _unstructured_findings(raw))
     format, findings = found
     if not findings:
         return None
@@ -87,13 +110,16 @@ def read_report(raw: bytes, envelope_recipient: str | None = None) -> Report | N
     message_ids = [str(headers.get("Message-ID", "")).strip() for headers in quoted]
     addressed += [str(headers.get("Return-Path", "")) for headers in quoted]
     if format == "unstructured":  # prose may quote anything anywhere
-        text = raw[:MAX_REPORT_BYTES].decode("utf-8", "replace")
+        text = raw.decode("utf-8", "replace")
         message_ids += _MESSAGE_ID.findall(text)
         addressed.append(text)
+    quoted_ids = tuple(dict.fromkeys(mid for mid in message_ids if mid))
+    if len(quoted_ids) > MAX_MESSAGE_IDS:
+        raise Unusable(f"it quotes more than {MAX_MESSAGE_IDS} Message-IDs")
     return Report(
         format,
         tuple(findings),
-        tuple(dict.fromkeys(mid for mid in message_ids if mid)),
+        quoted_ids,
         tuple(text for text in addressed if text),
         _key(message, raw),
     )
@@ -153,10 +179,12 @@ def _arf_findings(message: EmailMessage) -> list[Finding]:
     return findings
 
 
-def _unstructured_findings(message: Message) -> list[Finding]:
+def _unstructured_findings(raw: bytes) -> list[Finding]:
+    """What flufl.bounce's detectors find in the first :data:`MAX_PROSE_BYTES` of the message
+    (the notice comes first; the original it may quote after it)."""
     from flufl.bounce import all_failures  # only for bounces in no standard format
 
-    temporary, permanent = all_failures(message)
+    temporary, permanent = all_failures(message_from_bytes(raw[:MAX_PROSE_BYTES]))
     said = "a bounce in no standard format, read by flufl.bounce"
     return [
         Finding(address.decode("utf-8", "replace"), kind, None, said)

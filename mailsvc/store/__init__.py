@@ -17,6 +17,7 @@ from .contract import (
     TokenExhausted,
     Writes,
 )
+from .outages import StoreOutage
 from .records import (
     Account,
     ApiKey,
@@ -81,6 +82,7 @@ __all__ = [
     "Reads",
     "SqliteStore",
     "Store",
+    "StoreOutage",
     "StoreUnavailable",
     "TEMPLATE_CPU_GROUP",
     "Suppression",

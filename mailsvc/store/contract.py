@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 from ..mail.dkim import SigningKey
+from .outages import Conditions
 from .records import (
     Account,
     ApiKey,
@@ -590,9 +591,25 @@ class Store(Protocol):
     backend: str
     #: Whether :meth:`wait_for_mail` hears of mail queued elsewhere (else delivery polls).
     announces_mail: bool
+    #: The outages this process's store is in now (each logged once as it begins and ends).
+    conditions: Conditions
 
     def read(self) -> AbstractContextManager[Reads]:
-        """A read transaction: one consistent snapshot of committed data."""
+        """A read transaction: one consistent snapshot of committed data.
+
+        Every verb, read or write, raises :class:`~.outages.StoreOutage` (and nothing of it
+        stands) when the store cannot be used now for a reason of its own: a full disk, a
+        file that cannot be written, a server that cannot be reached.
+        """
+        ...
+
+    def check_room(self, reserve_bytes: int) -> None:
+        """Refuse work that would add to the store when its disk has less than
+        ``reserve_bytes`` free (what is left is kept for recording outcomes), where the
+        backend can tell.
+
+        :raises StoreOutage: it is under the reserve.
+        """
         ...
 
     @property

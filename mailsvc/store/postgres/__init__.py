@@ -32,6 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ... import metrics
 from ..contract import Reads, StoreUnavailable, Writes, each_read
+from ..outages import BUSY, FULL, UNREACHABLE, WRITE_FAILURES, Conditions
 from ..sql import Contended, Dialect, migration_scripts
 from ..verbs import SqlVerbs
 
@@ -148,6 +149,7 @@ class PostgresStore:
         self.pool_size = pool_size
         self.setting = setting
         self.reads: Reads = each_read(self._autocommit)
+        self.conditions = Conditions()
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
@@ -157,14 +159,40 @@ class PostgresStore:
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
-        with self._connections().connection() as connection:
+        with self._outages(), self._connections().connection() as connection:
             connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             try:
                 yield SqlVerbs(_Connection(connection), DIALECT)
             finally:
                 connection.execute("ROLLBACK")  # nothing to keep: ends the snapshot
 
+    def check_room(self, reserve_bytes: int) -> None:
+        pass  # the server's disk cannot be seen from here; a full one refuses (FULL)
+
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """The errors that mean the server cannot be used now, as :class:`StoreOutage`."""
+        try:
+            yield
+        except errors.DiskFull as exc:
+            raise self.conditions.began(FULL, _first_line(exc)) from None
+        except (
+            errors.SerializationFailure,  # still, after every retry
+            errors.DeadlockDetected,
+            errors.QueryCanceled,
+            errors.LockNotAvailable,
+        ) as exc:
+            raise self.conditions.began(BUSY, _first_line(exc)) from None
+        except (psycopg.OperationalError, PoolTimeout, StoreUnavailable) as exc:
+            raise self.conditions.began(UNREACHABLE, _first_line(exc)) from None
+
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+        with self._outages():
+            result = self._write(job, durable)
+        self.conditions.ended(*WRITE_FAILURES)
+        return result
+
+    def _write(self, job: Callable[[Writes], Result], durable: bool) -> Result:
         # A write that need not wait for the disk says so along with BEGIN.
         begin = ("BEGIN",) if durable else ("BEGIN", "SET LOCAL synchronous_commit = off")
         for attempt in range(_RETRIES + 1):
@@ -243,7 +271,7 @@ class PostgresStore:
 
     @contextmanager
     def _autocommit(self) -> Iterator[Reads]:
-        with self._connections().connection() as connection:
+        with self._outages(), self._connections().connection() as connection:
             yield SqlVerbs(_Connection(connection), DIALECT)
 
     def _connections(self) -> ConnectionPool[Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..contract import Reads, Writes, each_read
+from ..outages import FULL, LOW_ON_ROOM, NOT_WRITABLE, WRITE_FAILURES, Conditions
 from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
 from .writer import Writer
@@ -45,6 +46,10 @@ _IDLE_READERS = 8
 _READER_CACHE_KIB = 256
 #: ``PRAGMA auto_vacuum``: freed pages wait for ``PRAGMA incremental_vacuum``.
 _INCREMENTAL = 2
+#: SQLite's primary result codes that mean the file cannot be used now, not a fault of the
+#: work: SQLITE_FULL, and SQLITE_IOERR, SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_BUSY.
+_SQLITE_FULL = 13
+_NOT_WRITABLE_CODES = frozenset({10, 8, 14, 5})
 
 
 def _violation(prefix: str) -> Callable[[BaseException], str | None]:
@@ -84,6 +89,7 @@ class SqliteStore:
         self.path = Path(path)
         self.synchronous = synchronous
         self.reads: Reads = each_read(self._autocommit)
+        self.conditions = Conditions()
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._idle: list[sqlite3.Connection] = []
@@ -93,20 +99,50 @@ class SqliteStore:
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
-        connection = self._reader()
-        connection.execute("BEGIN")  # one snapshot for every statement of the block
-        try:
-            yield SqlVerbs(connection, DIALECT)
-        finally:
+        with self._outages():
+            connection = self._reader()
+            connection.execute("BEGIN")  # one snapshot for every statement of the block
             try:
-                connection.execute("COMMIT")
-            except sqlite3.Error:
-                connection.close()
-            else:
-                self._give_back(connection)
+                yield SqlVerbs(connection, DIALECT)
+            finally:
+                try:
+                    connection.execute("COMMIT")
+                except sqlite3.Error:
+                    connection.close()
+                else:
+                    self._give_back(connection)
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
-        return self._writer.run(job, durable)
+        with self._outages():
+            result = self._writer.run(job, durable)
+        self.conditions.ended(*WRITE_FAILURES)
+        return result
+
+    def check_room(self, reserve_bytes: int) -> None:
+        """:raises StoreOutage: the file system of the store has less than ``reserve_bytes``
+        free (kept for delivery to record its outcomes when requests can add no more)."""
+        stats = os.statvfs(self.path.parent if self.path.parent.exists() else ".")
+        free = stats.f_bavail * stats.f_frsize
+        if free < reserve_bytes:
+            raise self.conditions.began(
+                LOW_ON_ROOM,
+                f"{free // 2**20} MiB free beside {self.path}, under the reserve of "
+                f"{reserve_bytes // 2**20} MiB (MAILSVC_STORE_MIN_FREE_MB)",
+            )
+        self.conditions.ended(LOW_ON_ROOM)
+
+    @contextmanager
+    def _outages(self) -> Iterator[None]:
+        """SQLite's errors that mean the file cannot be used now, as :class:`StoreOutage`."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+            if code == _SQLITE_FULL:
+                raise self.conditions.began(FULL, f"{self.path}: {exc}") from None
+            if code in _NOT_WRITABLE_CODES:
+                raise self.conditions.began(NOT_WRITABLE, f"{self.path}: {exc}") from None
+            raise
 
     def announce_mail(self) -> None:
         pass  # processes on one machine find each other's mail by polling
@@ -125,11 +161,12 @@ class SqliteStore:
 
     @contextmanager
     def _autocommit(self) -> Iterator[Reads]:
-        connection = self._reader()
-        try:
-            yield SqlVerbs(connection, DIALECT)
-        finally:
-            self._give_back(connection)
+        with self._outages():
+            connection = self._reader()
+            try:
+                yield SqlVerbs(connection, DIALECT)
+            finally:
+                self._give_back(connection)
 
     def _reader(self) -> sqlite3.Connection:
         with self._lock:
