@@ -223,6 +223,8 @@ def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:
     if arguments.maildir:
         return operator.receive_maildir(store, arguments.services, arguments.maildir)
     raw = sys.stdin.buffer.read(MAX_REPORT_BYTES)
+    while sys.stdin.buffer.read(65536):  # the rest is not read, but taken: the MTA's pipe
+        pass  # then closes as it expects
     return operator.receive_report(store, arguments.services, raw, arguments.recipient)
 
 

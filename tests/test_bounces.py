@@ -360,3 +360,141 @@ def test_a_maildir_is_processed_and_its_messages_moved_to_cur(delivering, databa
     assert list((maildir / "new").iterdir()) == []
     assert sorted(p.name for p in (maildir / "cur").iterdir()) == ["1.report:2,S", "2.hello:2,S"]
     assert shown(client, tenant, email_id)["recipients"][0]["status"] == "bounced"
+
+
+# -- what a forged or hostile report can and cannot do ------------------------------------------
+
+
+def prose(to: str, recipients: list[str], message_ids: list[str]) -> bytes:
+    """A bounce in no standard format, quoting these Message-IDs."""
+    named = "\n".join(f"<{address}>:\nSorry, no mailbox here by that name. (#5.1.1)\n"
+                      for address in recipients)  # fmt: skip
+    quoted = "\n".join(f"Message-ID: {mid}" for mid in message_ids)
+    return f"""From: MAILER-DAEMON@mx.example.org
+To: {to}
+Subject: failure notice
+
+Hi. This is the qmail-send program at mx.example.org.
+I'm afraid I wasn't able to deliver your message to the following addresses.
+This is a permanent error; I've given up. Sorry it didn't work out.
+
+{named}
+--- Below this line is a copy of the message.
+
+{quoted}
+Subject: Your receipt
+""".replace("\n", "\r\n").encode()
+
+
+def test_with_a_return_path_a_report_without_one_of_ours_changes_nothing(verped, sink, database):
+    # Every recipient knows the Message-ID (and the others in To): it proves nothing.
+    app, tenant, client, hook = verped
+    email_id = client.post(
+        "/v1/emails",
+        json=email_body(to=["alice@example.org", "bob@example.org"]),
+        headers=tenant.headers,
+    ).get_json()["id"]
+    wait_status(client, tenant, email_id, "sent")
+    message_id = f"<{email_id}@{VERIFIED}>"
+    for to in (
+        f"hello@{VERIFIED}",
+        "b+aaaaaaaaaaaaaaaaaaaaaaaaaa-0-aaaaaaaaaaaaaaaa@elsewhere.test",
+    ):
+        for report in (
+            dsn(to, "bob@example.org", message_id),
+            arf(to, "bob@example.org", message_id),
+            prose(to, ["bob@example.org"], [message_id]),
+        ):
+            done = inbound(database, report, MAILSVC_RETURN_PATH_DOMAIN=BOUNCES)
+            assert done.returncode == 0 and json.loads(done.stdout)["result"] == "unknown"
+            assert "only a return path of ours counts" in done.stderr.decode()
+    assert [r["status"] for r in shown(client, tenant, email_id)["recipients"]] == ["sent"] * 2
+    assert client.get("/v1/suppressions", headers=tenant.headers).get_json()["data"] == []
+
+
+def test_without_a_return_path_a_report_on_two_accounts_mail_changes_nothing(delivering, database):
+    app, tenant, client = delivering
+    other = make_tenant(app, domain="other.test")
+    mine = client.post(
+        "/v1/emails", json=email_body(to=["me@example.org", "x@example.org"]),
+        headers=tenant.headers,
+    ).get_json()["id"]  # fmt: skip
+    theirs = client.post(
+        "/v1/emails",
+        json=email_body(from_="a@other.test", to=["me@example.org", "y@example.org"]),
+        headers=other.headers,
+    ).get_json()["id"]
+    wait_status(client, tenant, mine, "sent")
+    wait_status(client, other, theirs, "sent")
+    report = prose(
+        "me@example.org",
+        ["x@example.org", "y@example.org"],
+        [f"<{mine}@{VERIFIED}>", f"<{theirs}@other.test>"],
+    )
+    done = inbound(database, report)
+    assert done.returncode == 0 and json.loads(done.stdout)["result"] == "several accounts"
+    assert "quotes the mail of more than one account" in done.stderr.decode()
+    for who, email_id in ((tenant, mine), (other, theirs)):
+        assert {r["status"] for r in shown(client, who, email_id)["recipients"]} == {"sent"}
+        assert client.get("/v1/suppressions", headers=who.headers).get_json()["data"] == []
+
+
+def test_without_a_return_path_a_report_must_name_a_recipient_of_the_email(delivering, database):
+    app, tenant, client = delivering
+    email_id = client.post(
+        "/v1/emails", json=email_body(to=["a@example.org", "b@example.org"]),
+        headers=tenant.headers,
+    ).get_json()["id"]  # fmt: skip
+    wait_status(client, tenant, email_id, "sent")
+    message_id = f"<{email_id}@{VERIFIED}>"
+    for report in (
+        dsn(f"hello@{VERIFIED}", "stranger@example.org", message_id),
+        arf(f"hello@{VERIFIED}", "stranger@example.org", message_id),
+    ):
+        done = inbound(database, report)
+        assert done.returncode == 0 and json.loads(done.stdout)["result"] == "unknown"
+    assert client.get("/v1/suppressions", headers=tenant.headers).get_json()["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("case", "message", "reason"),
+    [
+        (
+            "70,000 Message-IDs",
+            prose("hello@x.test", ["a@example.org"], [f"<m{n}@x.test>" for n in range(70_000)]),
+            "more than 10 Message-IDs",
+        ),
+        (
+            "100,000 MIME parts",
+            b"From: a@b.test\r\nContent-Type: multipart/mixed; boundary=B\r\n\r\n"
+            + b"--B\r\nContent-Type: text/plain\r\n\r\nx\r\n" * 100_000
+            + b"--B--\r\n",
+            "more than 400 lines that may open a MIME part",
+        ),
+    ],
+)
+def test_a_message_over_a_bound_is_dropped_at_once_never_retried(
+    delivering, database, case, message, reason
+):
+    started = time.monotonic()
+    done = inbound(database, message)
+    assert done.returncode == 0, done.stderr  # not 75: the MTA would retry it for days
+    answer = json.loads(done.stdout)
+    assert answer["result"] == "dropped" and reason in answer["reason"], answer
+    assert "dropped" in done.stderr.decode()
+    assert time.monotonic() - started < 10
+
+
+def test_a_huge_report_is_read_only_as_far_as_a_report_goes(delivering, database):
+    # A DSN that quotes the whole original message, 30 MB of attachment after its report.
+    app, tenant, client = delivering
+    email_id = client.post("/v1/emails", json=email_body(), headers=tenant.headers).get_json()["id"]
+    wait_status(client, tenant, email_id, "sent")
+    report = dsn(f"hello@{VERIFIED}", "alice@example.org", f"<{email_id}@{VERIFIED}>")
+    huge = report.replace(b"--B1--", b"--B1\r\nContent-Type: application/octet-stream\r\n\r\n"
+                          + b"QUJD" * 19 * 400_000 + b"\r\n--B1--")  # fmt: skip
+    started = time.monotonic()
+    done = inbound(database, huge)
+    assert done.returncode == 0 and json.loads(done.stdout)["result"] == "used", done.stderr
+    assert time.monotonic() - started < 10
+    assert shown(client, tenant, email_id)["recipients"][0]["status"] == "bounced"
