@@ -7,12 +7,17 @@ warnings and errors with their tracebacks. In ``json``, each line is an object w
 ``level``, ``logger``, ``message`` and the line's own fields (``method``, ``status``,
 ``request_id``, ``email``, ...). An app embedded in another leaves logging to its host: only
 ``gunicorn.conf.py`` (and the CLI) call :func:`configure`.
+
+A line cannot be forged: in ``text``, every control character of a message (CR, LF, NUL, the
+Unicode line and paragraph separators, ...) is written as an escape (``\x0a``), so what a
+client sent (a path, a header) stays inside its own line; ``json`` escapes them itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -26,9 +31,26 @@ def _time(record: logging.LogRecord) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+#: What would end a line, or hide or fake part of one, in a terminal or a log reader.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escaped(text: str) -> str:
+    """``text`` with each control character written as an escape: one line, as it was."""
+    return _CONTROL.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{_time(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        message = record.getMessage()
+        if _CONTROL.search(message):
+            message = escaped(message)
+        line = f"{_time(record)} {record.levelname} {record.name}: {message}"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -279,3 +279,26 @@ def test_one_line_per_attempt_and_a_relay_outage_is_logged_once_each_way(config,
     assert sent_lines[0].recipients == [
         {"address": "alice@example.org", "status": "sent", "smtpCode": 250}
     ]
+
+
+def test_no_client_can_write_a_line_of_its_own_into_the_log(client, monkeypatch, capsys):
+    """A path (and anything else a client sends) stays inside its own line, in both formats."""
+    logger = logging.getLogger("mailsvc")
+    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
+    monkeypatch.setattr(logger, "handlers", logger.handlers)
+    monkeypatch.setattr(logger, "propagate", logger.propagate)
+    monkeypatch.setattr(logger, "level", logger.level)
+    forged = "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.access: POST /v1/api-keys 201 0.1ms"
+    for log_format in ("text", "json"):
+        logs.configure(log_format)
+        for path in (forged, "/y%0d%0aZ", "/z%e2%80%a8W", "/n%00N"):
+            assert client.get(path).status_code == 404
+        written = capsys.readouterr().err
+        lines = written.splitlines()
+        assert len(lines) == 4, written  # one line a request, whatever its path
+        if log_format == "text":
+            assert "/x\\x0a2026-11-25T00:00:00.000Z INFO" in lines[0]
+            assert "/y\\x0d\\x0aZ" in lines[1] and "/z\\u2028W" in lines[2]
+            assert "/n\\x00N" in lines[3]
+        else:
+            assert json.loads(lines[0])["path"].startswith("/x\n2026")
