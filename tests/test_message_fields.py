@@ -193,6 +193,27 @@ def test_attachments_are_stored_with_the_email_and_sent_again_on_retry(deliverin
         ([{"filename": "x.vbs", "content": "QUJD"}], ".vbs files are refused"),
         ([{"filename": "x.msi", "content": "QUJD"}], ".msi files are refused"),
         ([{"filename": "../etc/passwd", "content": "QUJD"}], "must be a file name, without"),
+        # What mail clients and Windows would read as an executable all the same.
+        ([{"filename": "a.exe.", "content": "QUJD"}], "attachments[0].filename: .exe files"),
+        ([{"filename": "a.exe .. ", "content": "QUJD"}], "attachments[0].filename: .exe files"),
+        ([{"filename": "a.exe::$DATA", "content": "QUJD"}], 'must not contain < > : " | ?'),
+        ([{"filename": "a.\u0435xe", "content": "QUJD"}], ".exe files are refused"),
+        ([{"filename": "a.\u0435\u0445\u0435", "content": "QUJD"}], ".exe files are refused"),
+        ([{"filename": "\uff45\uff56.\uff45\uff58\uff45", "content": "QUJD"}], ".exe files"),
+        ([{"filename": "a\u202eexe.pdf", "content": "QUJD"}], "right-to-left override"),
+        ([{"filename": "a.e\u200bxe", "content": "QUJD"}], "invisible formatting characters"),
+        (
+            [{"filename": "=?utf-8?q?evil=2Eexe?=", "content": "QUJD"}],
+            "attachments[0].filename: must not be an RFC 2047 encoded word",
+        ),
+        (
+            [{"filename": "a.eml", "content": "QUJD", "contentType": "message/rfc822"}],
+            "attachments[0].contentType: must be the type of a file",
+        ),
+        (
+            [{"filename": "a.bin", "content": "QUJD", "contentType": "multipart/mixed"}],
+            "attachments[0].contentType: must be the type of a file",
+        ),
         ([{"filename": "a.pdf"}], "attachments[0].content: is required"),
         ([{"filename": "a.pdf", "content": "QUJD", "size": 3}], "attachments[0].size: unknown"),
         (
@@ -267,16 +288,26 @@ def test_a_content_type_comes_from_the_file_name(delivering, sink):
             {"filename": "notes.txt", "content": b64(b"hi")},
             {"filename": "sheet.csv", "content": b64(b"a,b")},
             {"filename": "no-extension", "content": b64(b"?")},
+            {"filename": "forwarded.eml", "content": b64(b"Subject: hi\r\n\r\nhi\r\n")},
         ],
     )
     [received] = sink.wait_for(1)
-    types = [part.get_content_type() for part in received.message.iter_attachments()]
-    assert types == ["text/plain", "text/csv", "application/octet-stream"]
+    parts = list(received.message.iter_attachments())
+    types = [part.get_content_type() for part in parts]
+    # A .eml file goes as a file: as message/rfc822 it would have to be a part of the message.
+    assert types == [
+        "text/plain",
+        "text/csv",
+        "application/octet-stream",
+        "application/octet-stream",
+    ]
+    assert parts[3].get_content() == b"Subject: hi\r\n\r\nhi\r\n"
+    assert not received.message.defects and not any(part.defects for part in parts)
 
 
 def test_a_file_name_cannot_reach_outside_its_parameter(delivering, sink):
     app, tenant, client = delivering
-    name = 'a"; name="evil.exe"; x=".pdf'
+    name = "a'; name=evil.exe; x=.pdf"
     post(client, tenant, attachments=[{"filename": name, "content": b64(b"x")}])
     [received] = sink.wait_for(1)
     [part] = received.message.iter_attachments()
