@@ -155,6 +155,12 @@ def test_endpoint_rules(client, tenant, body, fragments):
         "https://169.254.169.254/latest/meta-data",
         "https://[::ffff:127.0.0.1]/x",
         "https://[64:ff9b::a9fe:a9fe]/x",
+        "https://[64:ff9b:1::a00:1]/x",
+        "https://[::7f00:1]/x",  # IPv4-compatible: 127.0.0.1
+        "https://[::a9fe:a9fe]/x",  # IPv4-compatible: 169.254.169.254
+        "https://[::8.8.8.8]/x",  # IPv4-compatible, deprecated: never a public address
+        "https://[fec0::1]/x",  # site-local
+        "https://[2002:7f00:1::]/x",  # 6to4 of 127.0.0.1
         "https://224.0.0.1/x",
         "https://localhost/x",
     ],

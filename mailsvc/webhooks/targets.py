@@ -2,8 +2,9 @@
 
 A URL is ``https://`` (``http://`` only with ``MAILSVC_WEBHOOK_ALLOW_HTTP``), with a host, no
 user or password, no fragment, at most 2,000 characters. Its host must resolve only to public
-addresses: never loopback, private, shared, link-local, multicast, reserved or unspecified ones,
-nor an IPv6 address that carries one of those (mapped, 6to4, Teredo, NAT64), unless
+addresses: never loopback, private, shared, link-local, site-local, multicast, reserved or
+unspecified ones, nor an IPv6 address that carries one of those (mapped, IPv4-compatible, 6to4,
+Teredo, NAT64), nor any address of IPv6's reserved ``::/8`` at all, unless
 ``MAILSVC_WEBHOOK_ALLOW_PRIVATE``. This is checked when an endpoint is made or changed, and
 again at every connection, against the addresses connected to, so a name that resolves
 elsewhere later (DNS rebinding) is refused too.
@@ -19,7 +20,8 @@ from ..errors import ValidationFailed
 from ..mail.dns import DnsChecker
 
 MAX_URL = 2000
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+#: NAT64's well-known prefix and its local-use one (RFC 6052, RFC 8215).
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 
 
 class Refused(Exception):
@@ -73,11 +75,15 @@ def refusal(address: str) -> str | None:
     if ip.version == 6:
         assert isinstance(ip, ipaddress.IPv6Address)
         carried = [ip.ipv4_mapped, ip.sixtofour, *(ip.teredo or ())]
-        if ip in _NAT64:
+        if any(ip in prefix for prefix in _NAT64) or (int(ip) >> 32 == 0 and int(ip) > 1):
+            # (IPv4-compatible, ::a.b.c.d, too)
             carried.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
         for inner in carried:
             if inner is not None and refusal(str(inner)) is not None:
                 return f"{address} carries the address {inner}, which is not public"
+        # Python counts IPv4-compatible and site-local addresses as global: never they are.
+        if ip.is_reserved or ip.is_site_local:
+            return f"{address} is not a public address (reserved or site-local)"
     if ip.is_multicast:
         return f"{address} is a multicast address"
     if not ip.is_global:
