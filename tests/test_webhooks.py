@@ -261,6 +261,36 @@ def test_a_failed_delivery_is_retried_with_the_same_id_and_recorded(hooked, rece
     assert shown["nextAttemptAt"] is None and shown["payload"]["type"] == "email.sent"
 
 
+@pytest.mark.parametrize("stall", [0.1, 5.0], ids=["closed early", "stalled past the timeout"])
+def test_an_answer_cut_off_after_its_status_line_is_no_answer(config, clock, sink, receiver, stall):
+    """``HTTP/1.1 200 OK`` and its headers, then nothing more (the endpoint died, or hangs):
+    the delivery failed, and is tried again."""
+    config.update(
+        smtp_url=sink.url,
+        webhook_allow_http=True,
+        webhook_allow_private=True,
+        webhook_retry_seconds="0.2,0.2",
+        webhook_timeout_seconds=1.0,
+    )
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    app.start()
+    try:
+        made = subscribe(client, tenant, receiver.url())
+        answers = iter([Answer(200, stall=stall)])
+        receiver.answer = lambda delivery: next(answers, Answer(200))
+        client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+        [shown] = wait_deliveries(
+            client, tenant, made["id"], lambda d: d[0]["status"] == "succeeded", timeout=15
+        )
+        first, second = shown["attempts"]
+        assert first["httpStatus"] is None
+        assert first["error"] in ("the answer was cut off before its end", "timed out after 1 s")
+        assert second["httpStatus"] == 200 and second["error"] is None
+    finally:
+        app.stop(timeout=5)
+
+
 def wait_deliveries(client, tenant, webhook_id, until, timeout=10.0):
     deadline = time.monotonic() + timeout
     while True:

@@ -35,6 +35,9 @@ class Answer:
     status: int = 200
     headers: dict[str, str] | None = None
     delay: float = 0.0
+    #: Seconds the answer stalls after its status line and headers, then the connection is
+    #: closed with the body cut short (an endpoint that dies while it answers).
+    stall: float = 0.0
 
 
 class Receiver:
@@ -64,6 +67,11 @@ class Receiver:
                     self.send_header(name, value)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
+                if answer.stall:
+                    self.wfile.flush()
+                    time.sleep(answer.stall)
+                    self.close_connection = True
+                    return
                 self.wfile.write(b"ok")
 
             def log_message(self, *args: Any) -> None:

@@ -22,8 +22,9 @@ from email.utils import parsedate_to_datetime
 from ..mail.dns import DnsChecker
 from .targets import Refused, Target, addresses
 
-#: Bytes of an answer's body read at most (kept for nobody: the status is what counts).
-_READ_AT_MOST = 4096
+#: Bytes of an answer's body read at most (kept for nobody: the status is what counts, once the
+#: answer is whole); a longer one is not waited for.
+_READ_AT_MOST = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ class WebhookClient:
             try:
                 connection.request("POST", target.path, body=body, headers=dict(headers))
                 response = connection.getresponse()
-                response.read(_READ_AT_MOST)
+                _read_to_its_end(response)
+                if time.monotonic() - started >= self.timeout:  # shut by the watchdog
+                    return answer(None, f"timed out after {self.timeout:g} s")
                 return answer(
                     response.status, None, _retry_after(response.getheader("Retry-After"))
                 )
@@ -97,6 +100,24 @@ class WebhookClient:
                 watchdog.cancel()
                 connection.close()
         return answer(None, error)
+
+
+def _read_to_its_end(response: http.client.HTTPResponse) -> None:
+    """Read the answer's body to its end, as its length or chunks say (up to
+    :data:`_READ_AT_MOST`): an answer cut off before then is no answer.
+
+    :raises http.client.IncompleteRead: it ended early.
+    """
+    left = _READ_AT_MOST
+    while left > 0:
+        chunk = response.read(min(65536, left))
+        if not chunk:
+            break
+        left -= len(chunk)
+    # (A read of some bytes does not raise when the body ends before its Content-Length: it
+    # returns nothing, and the length left says so.)
+    if left > 0 and response.length:
+        raise http.client.IncompleteRead(b"", response.length)
 
 
 def _shut(connection: http.client.HTTPConnection) -> None:
@@ -123,6 +144,8 @@ def _retry_after(value: str | None) -> float | None:
 def _describe(exc: BaseException, late: bool, timeout: float) -> str:
     if late or isinstance(exc, TimeoutError | socket.timeout):
         return f"timed out after {timeout:g} s"
+    if isinstance(exc, http.client.IncompleteRead):
+        return "the answer was cut off before its end"
     if isinstance(exc, ssl.SSLError):
         return f"TLS: {exc.reason or exc}"
     if isinstance(exc, ConnectionRefusedError):
