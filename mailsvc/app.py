@@ -117,7 +117,8 @@ class MailService:
         response.headers[access.HEADER] = request_id
         access.record(request, response, started, request_id)
         answer = response(environ, start_response)
-        return ClosingIterator(answer, partial(discard_unread_body, environ))
+        largest = self.settings.max_send_body_bytes
+        return ClosingIterator(answer, partial(discard_unread_body, environ, largest))
 
     @property
     def openapi(self) -> dict[str, Any]:

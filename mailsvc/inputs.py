@@ -10,7 +10,8 @@ and accepted); a chunked body that does not parse, or one that ends before its
 A client such as Python's ``http.client`` sends its whole body before it reads the answer: if
 the server closed the connection on an unread body, the client would see a reset, never its
 413. So once the answer to an authenticated caller is written, :func:`discard_unread_body`
-reads what is left and throws it away, up to :data:`DISCARD_BYTES` and :data:`DISCARD_SECONDS`;
+reads what is left and throws it away, up to :data:`DISCARD_BYTES` beyond the largest body the
+service takes (so a body somewhat over any limit is drained) and for :data:`DISCARD_SECONDS`;
 beyond that the connection is closed. Without a valid key nothing is read for the caller (the
 server drains 64 KB itself): an unauthenticated request stays cheap, and one that sends a large
 body may see the connection reset instead of its 401.
@@ -31,7 +32,7 @@ from .validation import Schemas
 
 _CHUNK = 65536
 #: How much of a refused request's body is read and thrown away so that its client can read
-#: the answer, at most, and for how long.
+#: the answer, at most, beyond the largest body the service takes, and for how long.
 DISCARD_BYTES = 16 * 1024 * 1024
 DISCARD_SECONDS = 10.0
 
@@ -146,19 +147,23 @@ def _read(stream: Any, limit: int) -> bytes:
 AUTHENTICATED = "mailsvc.authenticated"
 
 
-def discard_unread_body(environ: dict[str, Any]) -> None:
+def discard_unread_body(environ: dict[str, Any], largest_body: int) -> None:
     """Read and drop what the app did not read of an authenticated caller's body (see the
-    module's description)."""
+    module's description).
+
+    :param largest_body: the largest body any route takes (``max_send_body_bytes``).
+    """
     if not environ.get(AUTHENTICATED):
         return
     declared = environ.get("CONTENT_LENGTH") or ""
-    if declared.isdigit() and int(declared) > DISCARD_BYTES:
+    at_most = largest_body + DISCARD_BYTES
+    if declared.isdigit() and int(declared) > at_most:
         return  # too much to wait for: the server closes the connection
     server_socket = environ.get("gunicorn.socket")
     try:
         if server_socket is not None:
             server_socket.settimeout(DISCARD_SECONDS)
-        left = DISCARD_BYTES
+        left = at_most
         while left > 0:
             part = environ["wsgi.input"].read(min(left, _CHUNK))
             if not part:

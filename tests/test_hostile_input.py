@@ -248,6 +248,26 @@ def test_http_client_sending_12_mb_reads_its_413(server):
 
 
 @pytest.mark.slow
+def test_http_client_sending_over_the_default_send_limit_reads_its_413(served_tenant):
+    # The largest body the service takes is 16 MiB: one a little over it is drained too.
+    path, _, _, headers = served_tenant
+    running = Gunicorn({"MAILSVC_DATABASE": path}, workers=1).start()
+    try:
+        body = json.dumps(email_body(text="x" * 17_000_000)).encode()
+        connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=60)
+        connection.request(
+            "POST", "/v1/emails", body=body, headers={**headers, "Content-Type": "application/json"}
+        )
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        connection.close()
+        assert response.status == answer["statusCode"] == 413
+        assert answer["message"] == "body: larger than 16777216 bytes"
+    finally:
+        running.stop()
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_sending_12_mb_reads_its_413(server, tmp_path):
     running, headers = server
