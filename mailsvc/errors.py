@@ -77,6 +77,15 @@ class BodyTooLarge(ServiceError):
     status = 413
 
 
+class BodyTooSlow(ServiceError):
+    """The body did not arrive in time; the connection is closed after the answer."""
+
+    status = 408
+
+    def headers(self) -> dict[str, str]:
+        return {"Connection": "close"}
+
+
 class UnsupportedMediaType(ServiceError):
     status = 415
 

@@ -5,7 +5,10 @@ The body is read from the WSGI stream here, not through Werkzeug's request, and 
 ``max_body_bytes``: a body announced larger is a 413 before a byte of it is read; a chunked body
 is read to one byte past the limit, and a 413 if it has that byte (instead of being cut short
 and accepted); a chunked body that does not parse, or one that ends before its
-``Content-Length``, is a 400.
+``Content-Length``, is a 400. A body must keep arriving: after :data:`GRACE_SECONDS`, at
+``MAILSVC_BODY_MIN_BYTES_PER_SECOND`` on average, or it is a 408 and the connection is closed
+(:mod:`.deadlines` ends the wait), so a client that trickles its body holds a thread, and a
+place for a large body, for a bounded time.
 
 A client such as Python's ``http.client`` sends its whole body before it reads the answer: if
 the server closed the connection on an unread body, the client would see a reset, never its
@@ -19,18 +22,22 @@ body may see the connection reset instead of its 401.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from werkzeug.wrappers import Request
 
 from . import strict_json
-from .errors import BodyTooLarge, ServiceError, UnsupportedMediaType, ValidationFailed
+from .deadlines import WATCHDOG
+from .errors import BodyTooLarge, BodyTooSlow, ServiceError, UnsupportedMediaType, ValidationFailed
 from .routes import Endpoint
 from .settings import Settings
 from .validation import Schemas
 
 _CHUNK = 65536
+#: Seconds a body's first bytes may take, before it is held to its least rate.
+GRACE_SECONDS = 10.0
 #: How much of a refused request's body is read and thrown away so that its client can read
 #: the answer, at most, beyond the largest body the service takes, and for how long.
 DISCARD_BYTES = 16 * 1024 * 1024
@@ -56,7 +63,9 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         document: Any = _query(request)
     else:
         limit = settings.max_send_body_bytes if endpoint.large_body else settings.max_body_bytes
-        document = _body(request, limit, endpoint.schema in schemas.arrays)
+        document = _body(
+            request, limit, endpoint.schema in schemas.arrays, settings.body_min_bytes_per_second
+        )
     present = _without_nulls(document)
     problems = schemas.problems(endpoint.schema, present)
     if endpoint.parse is None or problems.stopped:  # the parser needs what the schema passed
@@ -84,10 +93,10 @@ def _query(request: Request) -> dict[str, str]:
     return request.args.to_dict()
 
 
-def _body(request: Request, max_bytes: int, array: bool) -> Any:
+def _body(request: Request, max_bytes: int, array: bool, least_rate: int) -> Any:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("Content-Type: must be application/json")
-    raw = read_body(request.environ, max_bytes)
+    raw = read_body(request.environ, max_bytes, least_rate)
     expected = "a JSON array" if array else "a JSON object"
     if not raw:
         raise ValidationFailed(f"body: must be {expected}")
@@ -97,13 +106,15 @@ def _body(request: Request, max_bytes: int, array: bool) -> Any:
     return document
 
 
-def read_body(environ: dict[str, Any], max_bytes: int) -> bytes:
-    """The request body, at most ``max_bytes`` of it.
+def read_body(environ: dict[str, Any], max_bytes: int, least_rate: int) -> bytes:
+    """The request body, at most ``max_bytes`` of it, arriving at ``least_rate`` bytes a
+    second at least (after :data:`GRACE_SECONDS`).
 
     :raises BodyTooLarge: the body is larger.
+    :raises BodyTooSlow: it arrives more slowly.
     :raises ValidationFailed: it cannot be read (a malformed chunked body, a short one).
     """
-    stream = environ["wsgi.input"]
+    stream = _Paced(environ, least_rate)
     declared = environ.get("CONTENT_LENGTH") or ""
     too_large = BodyTooLarge(f"body: larger than {max_bytes} bytes")
     if declared:
@@ -124,7 +135,37 @@ def read_body(environ: dict[str, Any], max_bytes: int) -> bytes:
     return data
 
 
-def _read(stream: Any, limit: int) -> bytes:
+class _Paced:
+    """The body's stream, each piece read by its deadline: the grace, and what has arrived
+    at the least rate."""
+
+    def __init__(self, environ: dict[str, Any], least_rate: int) -> None:
+        self._stream = environ["wsgi.input"]
+        self._sock = environ.get("gunicorn.socket")
+        self._least_rate = least_rate
+        self._started = time.monotonic()
+        self._arrived = 0
+
+    def read(self, size: int) -> bytes:
+        size = min(size, max(1024, self._least_rate))  # a second's worth: a near deadline
+        due = self._started + GRACE_SECONDS + (self._arrived + size) / self._least_rate
+        with WATCHDOG.deadline(self._sock, due) as deadline:
+            try:
+                part = self._stream.read(size)
+            except Exception:
+                if not deadline.passed:
+                    raise
+                part = b""
+        if deadline.passed:
+            raise BodyTooSlow(
+                f"body: arrived at less than {self._least_rate} bytes a second "
+                f"(MAILSVC_BODY_MIN_BYTES_PER_SECOND)"
+            )
+        self._arrived += len(part)
+        return bytes(part)
+
+
+def _read(stream: _Paced, limit: int) -> bytes:
     parts: list[bytes] = []
     left = limit
     try:

@@ -32,12 +32,14 @@ REASONS = {
     402: "Not enough credit; the message says what was needed and what is available",
     403: "The key's scope or sender domain does not allow this",
     404: "No such resource of this account",
+    408: "The body arrived more slowly than MAILSVC_BODY_MIN_BYTES_PER_SECOND",
     409: "It exists already",
     413: "The body is larger than the limit",
     415: "The body is not application/json",
     422: "The Idempotency-Key was used with another request",
     429: "Rate limit reached (or no room for another large body of this account); see Retry-After",
-    503: "Not now: no room for another large body in this process, or not ready",
+    503: "Not now: the store cannot take it (a full disk, a server out of reach), no room for "
+    "another large body in this process, or not ready; see Retry-After",
 }
 
 
@@ -47,7 +49,7 @@ def statuses(rule: Rule, endpoint: Endpoint) -> list[int]:
     method = _method(rule)
     found = {endpoint.status, *endpoint.refusals}
     if not endpoint.public:
-        found |= {401, 429}
+        found |= {401, 429, 503}
         if rule.arguments:
             found.add(404)
         if endpoint.scopes == (FULL,):
@@ -55,11 +57,9 @@ def statuses(rule: Rule, endpoint: Endpoint) -> list[int]:
     if endpoint.schema is not None:
         found.add(400)
         if method not in _READS:
-            found |= {413, 415}
+            found |= {408, 413, 415}
     if method == "POST" and endpoint.writes:
         found |= {400, 422}  # a malformed Idempotency-Key; one used with another request
-    if endpoint.large_body:
-        found.add(503)
     return sorted(found)
 
 

@@ -343,6 +343,20 @@ def _address(address: str) -> str:
 # -- checking a deployment ---------------------------------------------------------------------
 
 
+def _exposure(bind: str) -> list[str]:
+    """A warning when gunicorn listens beyond this machine: a client that sends slowly holds
+    a thread, and a few dozen such take them all; nginx in front reads requests whole."""
+    host = bind.rpartition(":")[0].strip("[]")
+    if bind.startswith("unix:") or host in ("127.0.0.1", "::1", "localhost"):
+        return []
+    return [
+        f"MAILSVC_BIND={bind} listens beyond this machine: gunicorn gives a thread to each "
+        f"request while it is read, and a few dozen slow clients take them all. Bind to "
+        f"127.0.0.1 and put the shipped nginx configuration (mailsvc/deploy/nginx.conf) in "
+        f"front of an internet-facing deployment."
+    ]
+
+
 def check(settings: Settings) -> dict[str, Any]:
     """What ``mailsvc check`` finds: the settings as given, the store (opened, migrated, written
     to), and the relay (each step of a connection as delivery makes it). ``ok`` is whether all
@@ -354,7 +368,7 @@ def check(settings: Settings) -> dict[str, Any]:
         "settings": {
             "ok": True,
             "set": sorted(s.env_name for s in SETTINGS if s.env_name in os.environ),
-            "warnings": unknown_variables(),
+            "warnings": unknown_variables() + _exposure(settings.bind),
         }
     }
     try:

@@ -245,6 +245,14 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "body_min_bytes_per_second",
+        32_768,
+        "Least rate a request body must arrive at, on average, after its first 10 s; a slower "
+        "one is refused with 408 and its connection closed, so that a client that trickles its "
+        "body cannot hold a thread (or a place for a large body) for long.",
+        _positive_int,
+    ),
+    Setting(
         "max_body_bytes",
         1048576,
         "Largest request body accepted, but on the routes that send mail.",

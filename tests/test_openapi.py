@@ -6,14 +6,17 @@
 
 from __future__ import annotations
 
+import io
+import json
 import re
+import time
 from typing import Any
 
 import pytest
 from openapi_spec_validator import validate
 from werkzeug.test import Client
 
-from mailsvc import create_app, operator
+from mailsvc import create_app, inputs, operator
 from mailsvc.openapi import build, route_template
 from mailsvc.routes import URL_MAP
 from mailsvc.timestamps import iso_time
@@ -58,7 +61,9 @@ class World:
     """An app, accounts, and something of each kind to point at: everything a request of any
     operation needs to get any status it documents."""
 
-    def __init__(self, config: dict[str, Any], clock: Any) -> None:
+    def __init__(self, config: dict[str, Any], clock: Any, folder: Any = None) -> None:
+        #: A folder of the test's: a store there cannot be opened.
+        self.folder = folder
         config.update(
             max_body_bytes=2048,
             max_send_body_bytes=4096,
@@ -129,7 +134,20 @@ def world_headers(world: World, headers: Any) -> dict[str, str]:
     return world.headers() if headers is None else headers
 
 
-def produce(world: World, method: str, path: str, status: int) -> int:
+class Trickling:
+    """A request body that takes a while to arrive."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def read(self, size: int = -1) -> bytes:
+        time.sleep(0.01)
+        return self._data.read(size)
+
+
+def produce(
+    world: World, method: str, path: str, status: int, monkeypatch: pytest.MonkeyPatch
+) -> int:
     """Make the app answer this operation with this status: one way for every operation of a
     kind (401, 429, 404, 403, 400, 413, 415, 422, 503), else the operation's own."""
     call = world.call
@@ -203,6 +221,21 @@ def produce(world: World, method: str, path: str, status: int) -> int:
     if status == 409:  # the same thing made twice
         call(method, url, body)
         return call(method, url, body).status_code
+    large_body = method == "post" and path in ("/v1/emails", "/v1/emails/batch")
+    if status == 503 and not large_body:
+        # The store cannot be opened (its path is a folder): 503 for whatever needs it.
+        broken = Client(create_app({"database": str(world.folder), "outbox": str(world.folder)}))
+        return broken.open(
+            url, method=method.upper(), json=body, headers=world.headers()
+        ).status_code
+    if status == 408:  # the body does not arrive at the least rate
+        world.app.settings["body_min_bytes_per_second"] = 1_000_000_000
+        monkeypatch.setattr(inputs, "GRACE_SECONDS", 0.0)
+        data = json.dumps(body if body is not None else {}).encode()
+        slow = {"wsgi.input": Trickling(data), "CONTENT_LENGTH": str(len(data))}
+        return call(
+            method, url, environ_overrides=slow, content_type="application/json"
+        ).status_code
     if status == 503:  # the process has no room left for another large body
         places = world.app.services.large_bodies
         large = {"CONTENT_LENGTH": "3000"}
@@ -222,6 +255,8 @@ def produce(world: World, method: str, path: str, status: int) -> int:
     ("method", "path", "status"), OPERATIONS, ids=[f"{m.upper()} {p} {s}" for m, p, s in OPERATIONS]
 )
 @pytest.mark.sqlite_only
-def test_every_documented_status_is_produced(config, clock, backend, method, path, status):
-    world = World(config, clock)
-    assert produce(world, method, path, int(status)) == int(status)
+def test_every_documented_status_is_produced(
+    config, clock, backend, method, path, status, tmp_path, monkeypatch
+):
+    world = World(config, clock, tmp_path)
+    assert produce(world, method, path, int(status), monkeypatch) == int(status)

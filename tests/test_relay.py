@@ -134,6 +134,12 @@ def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
         assert relay["auth"].startswith("235") and relay["url"].endswith("?starttls=1")
         assert "s3cret" not in good.stdout  # the password is never shown
         assert found["store"]["ok"] and found["store"]["backend"] == "sqlite"
+        assert found["settings"]["warnings"] == []  # listening on 127.0.0.1
+        exposed = run_cli({**settings, "MAILSVC_SMTP_URL": url, "MAILSVC_BIND": "0.0.0.0:8000"},
+                          "check")  # fmt: skip
+        [warning] = json.loads(exposed.stdout)["settings"]["warnings"]
+        assert warning.startswith("MAILSVC_BIND=0.0.0.0:8000 listens beyond this machine")
+        assert "mailsvc/deploy/nginx.conf" in warning
         wrong = url.replace("s3cret", "wrong")
         bad = run_cli({**settings, "MAILSVC_SMTP_URL": wrong}, "check")
         assert bad.returncode == 1

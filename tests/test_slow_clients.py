@@ -156,3 +156,77 @@ def test_nginx_answers_its_own_errors_in_the_json_format(served_tenant, tmp_path
     assert malformed.startswith("HTTP/1.1 400") and '"statusCode": 400' in malformed
     assert down[0] == 503 and down[1]["statusCode"] == 503
     assert VERIFIED  # the tenant's domain is what email_body() sends from
+
+
+def trickled_body(port: int, headers: dict[str, str], stop: threading.Event) -> bytes:
+    """A send whose chunked body comes a byte a second: the answer it gets, if any."""
+    lines = [f"{name}: {value}" for name, value in headers.items()]
+    head = (
+        "POST /v1/emails HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n" + "".join(line + "\r\n" for line in lines) + "\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as connection:
+        connection.sendall(head)
+        for byte in b'{"from": "a@' + b"x" * 100:
+            if stop.wait(1.0):
+                return b""
+            try:
+                connection.sendall(b"1\r\n" + bytes([byte]) + b"\r\n")
+            except OSError:
+                break
+        try:
+            return connection.recv(65536)
+        except OSError:
+            return b""
+
+
+def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_tenant, tmp_path):
+    """Two sends whose bodies trickle in hold the worker's two places for large bodies; another
+    account's attachment waits for them only until they fall under the least rate."""
+    path, db, account, headers = served_tenant
+    from mailsvc import operator
+
+    other = operator.create_account(db, "Other", 100)
+    other_key = operator.create_key(db, other["id"])["key"]
+    operator.add_domain(db, other["id"], "other.test", verified=True)
+    settings = {
+        "MAILSVC_DATABASE": path,
+        "MAILSVC_LARGE_BODIES_PER_PROCESS": "2",
+        "MAILSVC_BODY_MIN_BYTES_PER_SECOND": "1024",
+    }
+    server = Gunicorn(settings, workers=1).start()
+    stop = threading.Event()
+    answers: list[bytes] = []
+    try:
+        tricklers = [
+            threading.Thread(
+                target=lambda: answers.append(trickled_body(server.port, headers, stop)),
+                daemon=True,
+            )
+            for _ in range(2)
+        ]
+        for thread in tricklers:
+            thread.start()
+        time.sleep(1.5)  # both are in, each holding a place
+        files = email_body(
+            from_="a@other.test",
+            attachments=[{"filename": "r.pdf", "content": base64.b64encode(b"x" * 2**20).decode()}],
+        )
+        other_headers = {"Authorization": f"Bearer {other_key}"}
+        busy = request(server.port, "POST", "/v1/emails", files, other_headers)
+        assert busy[0] == 503, busy  # no place: the tricklers hold both
+        started = time.monotonic()
+        for thread in tricklers:
+            thread.join(timeout=30)
+        cut_after = time.monotonic() - started
+        sent = request(server.port, "POST", "/v1/emails", files, other_headers)
+    finally:
+        stop.set()
+        server.stop()
+    # Cut off once the grace (10 s) and the least rate were past them, with a 408 each.
+    assert cut_after < 15, cut_after
+    assert len(answers) == 2
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+        assert b"body: arrived at less than 1024 bytes a second" in answer
+    assert sent[0] == 200, sent
