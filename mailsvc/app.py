@@ -8,7 +8,7 @@ before the caller is known:
    finds the key and the state of its bucket;
 3. input (400/413/415): only now is the body read, and parsed strictly (a body over the
    ordinary limit first needs one of the process's few places for large bodies: 429/503);
-4. key scope (403);
+4. key scope, and what the key may do with these arguments (its sender domain) (403);
 5. idempotency key: a finished request's answer is replayed (422 for another request with the
    same key);
 6. the handler. A read runs in one read transaction. A write prepares outside any lock (it
@@ -190,6 +190,8 @@ class MailService:
         self.services.keyring.load()  # never from inside a read transaction (see keyring)
         require_scope(caller, endpoint.scopes)
         arguments = {**matched, **given.arguments}
+        if endpoint.permits is not None:  # before anything is replayed or prepared
+            endpoint.permits(self.store.reads, caller, **arguments)
         if not endpoint.writes:
             with self.store.read() as view:
                 data = endpoint.handler(view, caller, self.services, **arguments)

@@ -47,6 +47,10 @@ class Endpoint:
         kind has (401, 429, 400 for its input, 404 for an id, 403 for a scope: see
         :func:`mailsvc.openapi.statuses`).
     :param large_body: the route takes attachments: its body may be ``max_send_body_bytes``.
+    :param permits: ``permits(reads, caller, **arguments)`` raises :class:`~.errors.Forbidden`
+        when the caller may not do this with these arguments though its scope allows the
+        route (a key limited to one sender domain); checked before an idempotent answer is
+        replayed or anything is prepared.
     :param public: no API key, no rate limit (health, the document, metrics).
     :param token_setting: a public route that wants ``Authorization: Bearer <that setting>``,
         and is not served while the setting is empty.
@@ -63,6 +67,7 @@ class Endpoint:
     writes: bool = False
     refusals: tuple[int, ...] = ()
     large_body: bool = False
+    permits: Callable[..., None] | None = None
     public: bool = False
     token_setting: str | None = None
 
@@ -78,6 +83,7 @@ SEND_EMAIL = Endpoint(
     writes=True,
     refusals=(402, 403),
     large_body=True,
+    permits=sending.permits_send,
 )
 SEND_BATCH = Endpoint(
     emails.send_batch,
@@ -90,6 +96,7 @@ SEND_BATCH = Endpoint(
     writes=True,
     refusals=(402, 403),
     large_body=True,
+    permits=sending.permits_batch,
 )
 CANCEL_EMAIL = Endpoint(
     emails.cancel_email,
@@ -98,6 +105,7 @@ CANCEL_EMAIL = Endpoint(
     scopes=(FULL, SENDING),
     writes=True,
     refusals=(403,),
+    permits=emails.permits_change,
 )
 RESCHEDULE_EMAIL = Endpoint(
     emails.reschedule_email,

@@ -55,6 +55,45 @@ def test_a_refused_request_gives_the_key_back(client, tenant, app):
     assert fixed.status_code == 200 and "Idempotent-Replayed" not in fixed.headers
 
 
+def test_a_replay_is_only_for_a_key_that_may_do_what_was_done(client, tenant, app):
+    """A key limited to one sender domain gets no replay of another key's send (or cancel)
+    from a domain it may not use: 403, as the request itself would get."""
+    from mailsvc import operator
+
+    operator.add_domain(app.store, tenant.id, "second.test", verified=True)
+    limited = client.post(
+        "/v1/api-keys",
+        json={"name": "d", "scope": "sending", "domain": "second.test"},
+        headers=tenant.headers,
+    ).get_json()["key"]
+    limited_headers = {"Authorization": f"Bearer {limited}", "Idempotency-Key": "order-7"}
+    sent = send(client, tenant, "order-7")  # from verified.test, with the full key
+    assert sent.status_code == 200
+    replayed = client.post("/v1/emails", json=email_body(), headers=limited_headers)
+    assert_error(replayed, 403, "from: this API key may only send from second.test")
+    batch = [email_body()]
+    client.post("/v1/emails/batch", json=batch, headers={**tenant.headers, "Idempotency-Key": "b"})
+    batched = client.post(
+        "/v1/emails/batch", json=batch, headers={**limited_headers, "Idempotency-Key": "b"}
+    )
+    assert_error(batched, 403, "[0].from: this API key may only send from second.test")
+    import time
+
+    from mailsvc.timestamps import iso_time
+
+    later = email_body(scheduledAt=iso_time(time.time() + 3600))
+    email_id = client.post("/v1/emails", json=later, headers=tenant.headers).get_json()["id"]
+    cancel = f"/v1/emails/{email_id}/cancel"
+    client.post(cancel, headers={**tenant.headers, "Idempotency-Key": "c"})
+    canceled = client.post(cancel, headers={**limited_headers, "Idempotency-Key": "c"})
+    assert_error(canceled, 403, "may only send from second.test")
+    # The key's own send from its own domain is replayed as ever.
+    own = email_body(from_="Acme <a@second.test>")
+    first = client.post("/v1/emails", json=own, headers={**limited_headers, "Idempotency-Key": "x"})
+    again = client.post("/v1/emails", json=own, headers={**limited_headers, "Idempotency-Key": "x"})
+    assert again.headers["Idempotent-Replayed"] == "true" and again.get_json() == first.get_json()
+
+
 def test_keys_belong_to_an_account(client, tenant, app):
     other = make_tenant(app, domain="other.test")
     mine = send(client, tenant, "shared").get_json()["id"]

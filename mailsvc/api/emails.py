@@ -53,11 +53,8 @@ def send_batch(
     everyone = sorted({r.address for request in body for r in request.recipients})
     suppressions = reads.suppressed(principal.account_id, everyone)
     for index, request in enumerate(body):
-        try:
-            with problems.within(f"[{index}].").checking():
-                emails.append(prepare(reads, principal, services, request, suppressions))
-        except Forbidden as exc:
-            raise Forbidden(f"[{index}].{exc.message}") from None
+        with problems.within(f"[{index}].").checking():
+            emails.append(prepare(reads, principal, services, request, suppressions))
     problems.raise_if_any()
     domains = {email.sender_address.rpartition("@")[2] for email in emails}
     verified = {d for d in domains if reads.is_domain_verified(principal.account_id, d)}
@@ -158,6 +155,12 @@ def reschedule_email(
 
     answer = {"id": email_id, "status": statuses.SCHEDULED, "scheduledAt": iso_time(body)}
     return Change(move, answer)
+
+
+def permits_change(reads: Reads, principal: Principal, *, email_id: str) -> None:
+    """:raises NotFound: no such email of the caller's; :raises Forbidden: the key may only
+    send (and so cancel) from another domain."""
+    _find(reads, principal, email_id, sending=True)
 
 
 def _not_scheduled(tx: Reads, principal: Principal, email_id: str, done: str) -> ServiceError:

@@ -158,13 +158,11 @@ def prepare(
 
     :param suppressions: the account's suppressions among the recipients, when the caller read
         them already (for a whole batch at once); else they are read here.
-    :raises ServiceError: the key may not send from that domain (403), or the template or the
-        schedule refuses (400).
+    :raises ServiceError: the template or the schedule refuses (400). (That the key may send
+        from the domain, :func:`permits_send` says before.)
     """
     account_id = principal.account_id
     domain = request.sender.address.rpartition("@")[2]
-    if principal.domain is not None and domain != principal.domain:
-        raise Forbidden(f"from: this API key may only send from {principal.domain}")
     subject, html, text = request.subject, request.html, request.text
     if request.template_id is not None:
         subject, html, text = _render_template(reads, account_id, request, services)
@@ -212,6 +210,22 @@ def prepare(
     )
 
 
+def permits_send(reads: Reads, principal: Principal, *, body: SendRequest) -> None:
+    """:raises Forbidden: the key may only send from another domain."""
+    domain = body.sender.address.rpartition("@")[2]
+    if principal.domain is not None and domain != principal.domain:
+        raise Forbidden(f"from: this API key may only send from {principal.domain}")
+
+
+def permits_batch(reads: Reads, principal: Principal, *, body: list[SendRequest]) -> None:
+    """:raises Forbidden: naming the first item whose domain the key may not send from."""
+    for index, request in enumerate(body):
+        try:
+            permits_send(reads, principal, body=request)
+        except Forbidden as exc:
+            raise Forbidden(f"[{index}].{exc.message}") from None
+
+
 def accepted(email: NewEmail) -> dict[str, str]:
     """The answer to a send: the email's id and status."""
     status = statuses.SCHEDULED if email.scheduled_at is not None else statuses.QUEUED
@@ -242,4 +256,12 @@ def _render_template(
     return subject, rendered.html, rendered.text
 
 
-__all__: Sequence[str] = ["SendRequest", "accepted", "parse_batch", "parse_send_request", "prepare"]
+__all__: Sequence[str] = [
+    "SendRequest",
+    "accepted",
+    "parse_batch",
+    "parse_send_request",
+    "permits_batch",
+    "permits_send",
+    "prepare",
+]
