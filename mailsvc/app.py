@@ -84,7 +84,7 @@ class MailService:
             settings.idempotency_ttl_seconds,
         )
         self.url_map: Map = URL_MAP
-        self._openapi: dict[str, Any] | None = None
+        self._openapi: bytes | None = None
 
     def start(self) -> None:
         """Start the delivery threads of this process, mail's and webhooks', and the purge of
@@ -121,10 +121,11 @@ class MailService:
         return ClosingIterator(answer, partial(discard_unread_body, environ, largest))
 
     @property
-    def openapi(self) -> dict[str, Any]:
-        """The OpenAPI document of this service, built once."""
+    def openapi(self) -> bytes:
+        """The OpenAPI document of this service as JSON, built and encoded once (the route has
+        no key and no rate limit: it must cost no more than a fixed answer)."""
         if self._openapi is None:
-            self._openapi = build_openapi(self.url_map)
+            self._openapi = json.dumps(build_openapi(self.url_map)).encode()
         return self._openapi
 
     def dispatch(self, request: Request) -> Response:

@@ -16,6 +16,7 @@ its ``maxProperties``) are not looked at one by one: the count is what is wrong.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ class Schemas:
     """
 
     def __init__(self) -> None:
-        schemas = load_schema_files()
+        schemas = {name: _end_is_end(schema) for name, schema in load_schema_files().items()}
         drafted = {name: _as_draft7(schema) for name, schema in schemas.items()}
         self._quick = {
             name: fastjsonschema.compile(schema, handlers={"": _file_of(drafted)})
@@ -231,6 +232,25 @@ def _enclosing(field: str) -> Iterator[str]:
     for index in range(len(field) - 1, 0, -1):
         if field[index] in ".[":
             yield field[:index]
+
+
+def _end_is_end(schema: Any) -> Any:
+    """The schema with each ``pattern``'s ``$`` read as the end of the text, as JSON Schema's
+    regular expressions (ECMA 262) read it: Python's ``$`` also matches before a final newline,
+    so ``"a\\n"`` would pass ``^[a-z]+$``. (fastjsonschema makes the same change itself.)"""
+    if isinstance(schema, list):
+        return [_end_is_end(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {
+        key: _UNESCAPED_DOLLAR.sub(r"\\Z", value)
+        if key == "pattern" and isinstance(value, str)
+        else _end_is_end(value)
+        for key, value in schema.items()
+    }
+
+
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 
 
 def _as_draft7(schema: Any) -> Any:

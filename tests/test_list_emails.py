@@ -95,8 +95,17 @@ def test_filters_by_status(config, clock, sink):
             for status in ("sent", "failed", "queued")
         }
         assert statuses == {"sent": [sent], "failed": [failed], "queued": []}
+        assert listing(client, tenant, status="bounced")["data"] == []  # a status, not refused
     finally:
         app.stop(timeout=5)
+
+
+def test_every_email_status_can_be_listed_by():
+    from mailsvc.statuses import EMAIL_STATUSES
+    from mailsvc.validation import load_schema_files
+
+    allowed = load_schema_files()["list_emails"]["properties"]["status"]["enum"]
+    assert allowed == list(EMAIL_STATUSES)
 
 
 @pytest.mark.parametrize(

@@ -260,3 +260,16 @@ def test_every_documented_status_is_produced(
 ):
     world = World(config, clock, tmp_path)
     assert produce(world, method, path, int(status), monkeypatch) == int(status)
+
+
+def test_the_document_is_built_and_encoded_once(app, monkeypatch):
+    """The route has no key and no rate limit: each answer is the same bytes, made once."""
+    import mailsvc.app
+
+    built = []
+    real = mailsvc.app.build_openapi
+    monkeypatch.setattr(mailsvc.app, "build_openapi", lambda m: built.append(m) or real(m))
+    client = Client(app)
+    answers = [client.get("/v1/openapi.json").get_data() for _ in range(10)]
+    assert len(built) == 1 and len(set(answers)) == 1
+    assert json.loads(answers[0]) == build(URL_MAP)

@@ -49,6 +49,7 @@ VALID: dict[str, Any] = {
 
 EDGES = st.sampled_from(
     ["", "a", "a@b.co", "x\r\ny", "\x00", "$", "a$b", "10", "0", "101", "sent", "k:v", "A" * 300,
+     "a\n", "k:v\n", "10\n", "a@b.co\n", "application/pdf\n",
      "logo$1@x", "application/pdf", "text/x$y", "email.sent", "manual", "enabled"]
 )  # fmt: skip
 #: Strings most string rules accept (an address, a name, a word).
@@ -148,3 +149,23 @@ OVER_A_LIMIT = [
 @pytest.mark.parametrize(("name", "document"), OVER_A_LIMIT)
 def test_a_document_over_a_limit_is_refused_by_both(name, document):
     assert verdicts(name, document) == (False, False)
+
+
+@pytest.mark.parametrize(
+    ("name", "document", "field"),
+    [
+        ("send_email", email_body(subject="Hi\n"), "subject"),
+        ("send_email", email_body(tags=[{"name": "kind\n", "value": "x"}]), "tags[0].name"),
+        ("send_email", email_body(attachments=[{"filename": "a", "content": "QQ==",
+                                               "contentType": "text/plain\n"}]),
+         "attachments[0].contentType"),
+        ("list_emails", {"tag": "k:v\n"}, "tag"),
+        ("page_query", {"limit": "10\n"}, "limit"),
+    ],
+)  # fmt: skip
+def test_a_trailing_newline_does_not_pass_a_pattern(name, document, field):
+    # Python's $ matches before a final newline; JSON Schema's does not. Both validators
+    # refuse, and say which field.
+    with pytest.raises(fastjsonschema.JsonSchemaException):
+        QUICK[name](document)
+    assert [problem.field for problem in SCHEMAS.problems(name, document).found] == [field]

@@ -56,8 +56,8 @@ def readiness(service: MailService) -> dict[str, Any]:
     }
 
 
-def openapi_document(service: MailService) -> dict[str, Any]:
-    return service.openapi
+def openapi_document(service: MailService) -> Text:
+    return Text(service.openapi, "application/json")
 
 
 def metrics(service: MailService) -> Text:

@@ -3,13 +3,17 @@
 Stricter than :mod:`email.utils` on purpose: that parser accepts inputs such as
 ``alice@a.test(<bob@b.test>`` and reads them as another address. Here a value is either exactly
 one address, or a display name and exactly one address in angle brackets; anything else is
-refused. Domains are IDNA-normalised to lower-case A-labels; local parts are kept as given
-(they may be UTF-8, RFC 6532).
+refused. Domains are IDNA-normalised to lower-case A-labels, and must be names, not IP
+addresses (no top-level domain is all digits); local parts are kept as given (they may be
+UTF-8, RFC 6532), but never with a character that is no visible part of a name: a control, a
+format character (a bidirectional override), a line or paragraph separator (U+2028, which some
+mail clients take for a line end), a space, a private-use or an unassigned one.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 import idna
@@ -24,6 +28,8 @@ _LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 _QUOTED_NAME = re.compile(r'"((?:[^"\\\x00-\x1f\x7f]|\\[^\x00-\x1f\x7f])*)"')
 _PLAIN_NAME = re.compile(r'[^"<>()\[\]\\,;:@\x00-\x1f\x7f]+')
 _MAILBOX = re.compile(r"(?P<name>.*?)\s*<(?P<address>[^<>]*)>")
+#: Unicode categories that are no visible part of a name.
+_INVISIBLE = frozenset({"Cc", "Cf", "Cn", "Co", "Cs", "Zl", "Zp", "Zs"})
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,14 @@ def parse_address(value: str, field: str) -> str:
     local, at, domain = value.rpartition("@")
     if not at or not _LOCAL_PART.fullmatch(local):
         raise ValidationFailed(f"{field}: not a valid email address")
-    if len(local.encode()) > 64:
+    if not local.isascii():
+        hidden = next((c for c in local if unicodedata.category(c) in _INVISIBLE), None)
+        if hidden is not None:
+            raise ValidationFailed(
+                f"{field}: the local part has a control, format, separator or space character "
+                f"(U+{ord(hidden):04X})"
+            )
+    if len(local.encode("utf-8", "surrogatepass")) > 64:
         raise ValidationFailed(f"{field}: local part longer than 64 octets")
     address = f"{local}@{normalise_domain(domain, field)}"
     if len(address.encode()) > 254:
@@ -95,4 +108,6 @@ def normalise_domain(domain: str, field: str) -> str:
     labels = ascii_domain.split(".")
     if len(labels) < 2 or not all(_LABEL.fullmatch(label) for label in labels):
         raise ValidationFailed(f"{field}: not a valid domain name")
+    if labels[-1].isdigit():
+        raise ValidationFailed(f"{field}: a domain name, not an IP address")
     return ascii_domain

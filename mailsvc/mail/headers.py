@@ -18,14 +18,16 @@ from ..validation import Problems
 _FIELD_NAME = re.compile(r"[\x21-\x39\x3b-\x7e]+")
 #: The longest run of an ASCII value without a space: with the name, within a 998-octet line.
 MAX_WORD = 900
-#: The fields mailsvc writes (or a relay adds), in lower case; every ``Content-*`` too.
+#: The fields mailsvc writes (or a relay adds), in lower case; every field that starts with
+#: one of :data:`OWNED_PREFIXES` too.
 OWNED = frozenset(
     "from to cc bcc subject date message-id reply-to sender return-path mime-version "
-    "dkim-signature domainkey-signature arc-seal arc-message-signature "
-    "arc-authentication-results authentication-results received received-spf delivered-to "
-    "resent-date resent-from resent-sender resent-to resent-cc resent-bcc resent-message-id "
-    "x-mailsvc-id".split()
+    "dkim-signature domainkey-signature authentication-results received received-spf "
+    "delivered-to x-mailsvc-id".split()
 )
+#: Families of fields that are all mailsvc's or the path's: ``Content-*``, ``Resent-*`` (every
+#: one, ``Resent-Reply-To`` too), ``ARC-*``.
+OWNED_PREFIXES = ("content-", "resent-", "arc-")
 
 
 def parse_headers(headers: Mapping[str, str], problems: Problems) -> tuple[tuple[str, str], ...]:
@@ -39,7 +41,7 @@ def parse_headers(headers: Mapping[str, str], problems: Problems) -> tuple[tuple
         lowered = name.lower()
         if not _FIELD_NAME.fullmatch(name) or len(name) > 76:
             problems.add(field, "not a header field name (printable ASCII but ':', at most 76)")
-        elif lowered in OWNED or lowered.startswith("content-"):
+        elif lowered in OWNED or lowered.startswith(OWNED_PREFIXES):
             problems.add(field, "mailsvc writes this header itself; it cannot be set")
         elif lowered in seen:
             problems.add(field, "given twice (header names are case-insensitive)")
