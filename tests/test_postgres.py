@@ -291,3 +291,35 @@ def test_reads_that_need_a_service_key_never_wait_on_the_pool_they_hold(database
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(page, range(8))) == [200] * 8
     assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one email", "a batch"])
+def test_a_domain_deleted_while_mail_is_queued_under_it_waits_or_refuses(database, count):
+    """A sender domain deleted by another transaction while emails are being queued under it:
+    the queuing waits for that transaction, then finds no verified domain and queues nothing
+    (the check and the insert are one, as the contract says of enqueue_emails)."""
+    import threading
+
+    from .test_store_contract import new_email
+
+    store = open_store(database)
+    try:
+        account = operator.create_account(store, "Racer", 100)["id"]
+        operator.add_domain(store, account, "race.test", verified=True)
+        emails = [new_email(f"em_race{n}", account, "a@race.test") for n in range(count)]
+        with psycopg.connect(database) as deleting:  # a transaction left open
+            deleting.execute("DELETE FROM domains WHERE name = 'race.test'")
+            results: list[object] = []
+            queuing = threading.Thread(
+                target=lambda: results.append(store.write(lambda tx: tx.enqueue_emails(emails)))
+            )
+            queuing.start()
+            queuing.join(0.5)
+            assert queuing.is_alive()  # waiting for the delete to commit or roll back
+            deleting.commit()
+        queuing.join(10)
+        assert results == [[None] * count]
+        with store.read() as view:
+            assert view.count_emails_by_status() == {}
+    finally:
+        store.shutdown()

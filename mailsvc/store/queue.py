@@ -41,11 +41,13 @@ class QueueVerbs(HistoryVerbs):
     contended: Callable[[Contended], None]
 
     def enqueue_email(self, email: NewEmail) -> int | None:
-        # The sender domain is checked by the insert itself: one statement, one round trip.
+        # The sender domain is checked by the insert itself: one statement, one round trip. Its
+        # row is share-locked, so a domain deleted meanwhile is either gone before the check
+        # (no email) or deleted after this commits.
         row = self.connection.execute(
             f"INSERT INTO emails ({_NEW_EMAIL}) SELECT {marks(len(_NEW_EMAIL.split(',')))} "
             f"WHERE EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
-            f"AND verified_at IS NOT NULL) RETURNING seq",
+            f"AND verified_at IS NOT NULL{self.dialect.share_lock}) RETURNING seq",
             (*self._email_values(email), email.account_id, _domain(email)),
         ).fetchone()
         if row is None:
@@ -57,7 +59,8 @@ class QueueVerbs(HistoryVerbs):
         # A batch: the sender domains checked in one read, the emails inserted in one
         # statement, their recipients, files and tags in one each (a handful of statements in
         # the writer for a hundred emails, not several hundred). One email alone: its insert
-        # checks its domain, one statement fewer.
+        # checks its domain, one statement fewer. The domains read are share-locked until the
+        # commit, as enqueue_email's are: none can be deleted between the check and the insert.
         if len(emails) == 1:
             return [self.enqueue_email(emails[0])]
         verified: set[tuple[str, str]] = set()
@@ -67,7 +70,7 @@ class QueueVerbs(HistoryVerbs):
                 (account_id, row[0])
                 for row in self.connection.execute(
                     f"SELECT name FROM domains WHERE account_id = ? AND verified_at IS NOT NULL "
-                    f"AND name IN ({marks(len(names))})",
+                    f"AND name IN ({marks(len(names))}){self.dialect.share_lock}",
                     (account_id, *names),
                 ).fetchall()
             )

@@ -56,6 +56,10 @@ class Dialect:
     #: Statements whose result is not read wait, and travel with the next statement that needs
     #: an answer (PostgreSQL's pipeline); else they run at once.
     queues_statements: bool = False
+    #: Appended to a SELECT whose rows must stay as read until the transaction commits (a
+    #: sender domain an email is queued under): another transaction's change of them waits.
+    #: (SQLite's one writer at a time holds the whole database.)
+    share_lock: str = ""
 
 
 @dataclass(frozen=True)
