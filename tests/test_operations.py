@@ -302,3 +302,45 @@ def test_no_client_can_write_a_line_of_its_own_into_the_log(client, monkeypatch,
             assert "/n\\x00N" in lines[3]
         else:
             assert json.loads(lines[0])["path"].startswith("/x\n2026")
+
+
+def test_a_relay_that_stops_under_warm_connections_is_logged_once_each_way(config, clock, caplog):
+    """Connections used a moment ago are not checked before use: one that fails must not
+    count the relay as reached (each such false "reached" logged a line, and made the waiting
+    mail due at once), so a stop is one line down and one line up, per process."""
+    sink = SmtpSink().start()
+    port = sink.port
+    config.update(
+        smtp_url=sink.url, delivery_threads=4, retry_first_seconds=0.2, retry_max_seconds=0.2
+    )
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    with caplog.at_level(logging.INFO, logger="mailsvc"):
+        app.start()
+        try:
+            warm = [
+                client.post("/v1/emails", json=email_body(), headers=tenant.headers).get_json()
+                for _ in range(8)
+            ]
+            for email in warm:
+                wait_status(client, tenant, email["id"], "sent")
+            sink.stop()  # every kept connection is closed under the delivery threads
+            ids = [
+                client.post("/v1/emails", json=email_body(), headers=tenant.headers).get_json()[
+                    "id"
+                ]
+                for _ in range(8)
+            ]
+            for email_id in ids:
+                wait_status(client, tenant, email_id, "deferred")
+            time.sleep(0.6)  # several more attempts, all refused
+            assert not [r for r in caplog.records if "reached again" in r.getMessage()]
+            sink = SmtpSink(port=port).start()
+            for email_id in ids:
+                wait_status(client, tenant, email_id, "sent", timeout=15)
+        finally:
+            app.stop(timeout=5)
+            sink.stop()
+    down = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
+    up = [r for r in caplog.records if "reached again" in r.getMessage()]
+    assert len(down) == 1 and len(up) == 1, [r.getMessage() for r in down + up]

@@ -206,11 +206,12 @@ class SmtpRelay:
         exchange = Exchange(recipients)
         try:
             try:
-                connection = self._ready_connection()
+                connection, proven = self._ready_connection()
             except (OSError, smtplib.SMTPException) as exc:
                 self.health.failed(_describe(exc))
                 raise
-            self.health.reached()
+            if proven:  # (a connection kept from a moment ago proves nothing until it answers)
+                self.health.reached()
             utf8 = connection.has_extn("smtputf8")
             if not utf8 and not sender.isascii():
                 return [_NEEDS_SMTPUTF8] * len(recipients)
@@ -223,6 +224,8 @@ class SmtpRelay:
             exchange.chunking = connection.has_extn("chunking")
             run = exchange.pipelined if connection.has_extn("pipelining") else exchange.lockstep
             replies = run(connection, lambda: build(utf8))
+            if not proven and any(reply.code is not None for reply in replies):
+                self.health.reached()  # the kept connection answered: the relay is there
         except smtplib.SMTPResponseException as exc:
             self._drop()
             if exchange.phase == "connecting":
@@ -246,17 +249,21 @@ class SmtpRelay:
         self._last_used = time.monotonic()
         return replies
 
-    def _ready_connection(self) -> smtplib.SMTP:
+    def _ready_connection(self) -> tuple[smtplib.SMTP, bool]:
+        """The connection to use, and whether it is proven to reach the relay now (made now,
+        or answered a NOOP): one used a moment ago is not checked, and proves nothing."""
         idle = time.monotonic() - self._last_used
+        proven = False
         if self._connection is not None and idle > _IDLE_CHECK_SECONDS:
             try:
-                if self._connection.noop()[0] != 250:
+                proven = self._connection.noop()[0] == 250
+                if not proven:
                     self._drop()
             except (OSError, smtplib.SMTPException):
                 self._drop()
         if self._connection is None:
-            self._connection = self._connect()
-        return self._connection
+            self._connection, proven = self._connect(), True
+        return self._connection, proven
 
     def _connect(self) -> smtplib.SMTP:
         url = self.url
