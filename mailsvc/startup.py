@@ -19,7 +19,8 @@ def open_checked_store(settings: Settings) -> Store:
     """
     store = open_store(settings.database, settings.sqlite_synchronous, settings.postgres_pool_size)
     try:
-        store.reads.get_account("acc_startup_check")
+        with store.conditions.unlogged():  # what is wrong is said once, below
+            store.reads.get_account("acc_startup_check")
     except StoreOutage as exc:
         if exc.detail.startswith("MAILSVC_DATABASE"):
             raise StoreUnavailable(exc.detail) from None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import ServiceUnavailable
 
@@ -51,6 +53,17 @@ class Conditions:
         self.name = name
         self._since: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._unlogged = False
+
+    @contextmanager
+    def unlogged(self) -> Iterator[None]:
+        """Outages in the block are raised, but neither noted nor logged: for a check whose
+        caller reports what it finds itself (a server that will not start)."""
+        self._unlogged = True
+        try:
+            yield
+        finally:
+            self._unlogged = False
 
     @property
     def current(self) -> str | None:
@@ -60,6 +73,8 @@ class Conditions:
 
     def began(self, condition: str, detail: str) -> StoreOutage:
         """Note ``condition`` (logged if it is new) and return the outage to raise."""
+        if self._unlogged:
+            return StoreOutage(condition, detail)
         with self._lock:
             new = condition not in self._since
             if new:
