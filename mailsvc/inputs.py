@@ -68,7 +68,7 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         )
     present = _without_nulls(document)
     problems = schemas.problems(endpoint.schema, present)
-    if endpoint.parse is None or problems.stopped:  # the parser needs what the schema passed
+    if endpoint.parse is None or not problems.parsable:  # (it needs what the schema passed)
         problems.raise_if_any()
         value = present
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import partial
 from typing import Any
 
 from .errors import ValidationFailed
@@ -29,6 +30,10 @@ _INT_RANGE = range(-(2**63), 2**63)
 _BAD_TEXT = re.compile("[\x00\ud800-\udfff]")
 #: Parsed values that need no look: what the parser makes of numbers that fit, true, false, null.
 _SETTLED = frozenset({int, float, bool, type(None)})
+#: A run of digits as long as the longest 64-bit integer's (found as nines, where every digit
+#: was made one: a pass of C over the text, where a regular expression takes ten times as long).
+_LONG_DIGITS = "9" * 19
+_DIGITS_AS_NINES = str.maketrans("012345678", "999999999")
 
 
 class _Duplicated(dict[str, Any]):
@@ -56,12 +61,17 @@ def parse(raw: bytes) -> Any:
     except UnicodeDecodeError:
         raise ValidationFailed("body: not valid UTF-8") from None
     _count_values(text)
+    faults: list[Any] = []  # what the hooks made that the walk must find
     try:
         document = json.loads(
             text,
-            object_pairs_hook=_object,
-            parse_int=_integer,
-            parse_float=_float,
+            object_pairs_hook=partial(_object, faults),
+            # Without a run of 19 digits anywhere, every integer fits in 64 bits: the parser's
+            # own conversion, in C, is enough (most bodies).
+            parse_int=partial(_integer, faults)
+            if _LONG_DIGITS in text.translate(_DIGITS_AS_NINES)
+            else None,
+            parse_float=partial(_float, faults),
             parse_constant=_constant,
         )
     except json.JSONDecodeError as exc:
@@ -72,8 +82,12 @@ def parse(raw: bytes) -> Any:
         raise ValidationFailed(f"body: nested deeper than {MAX_DEPTH} levels") from None
     # NUL and lone surrogates reach a string only through a \u escape: the parser refuses raw
     # control characters, and UTF-8 cannot carry a surrogate. Without one, no string is
-    # searched (most bodies: an html part of kilobytes is searched for nothing).
-    _inspect(document, "\\u" in text)
+    # searched (most bodies: an html part of kilobytes is searched for nothing). And the walk
+    # is needed at all only for that, for what the hooks found, or for a body with more
+    # arrays and objects than it may be deep (most bodies have a handful).
+    escaped = "\\u" in text
+    if escaped or faults or text.count("[") + text.count("{") > MAX_DEPTH:
+        _inspect(document, escaped)
     return document
 
 
@@ -96,27 +110,31 @@ def _count_values(text: str) -> None:
         raise too_many
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _object(faults: list[Any], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) == len(pairs):
         return obj
     seen: set[str] = set()
     duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+    faults.append(duplicate)
     return _Duplicated(pairs, duplicate)
 
 
-def _integer(text: str) -> int | _Unfit:
+def _integer(faults: list[Any], text: str) -> int | _Unfit:
     if len(text) < _INT_DIGITS:  # fits whatever its digits
         return int(text)
-    if len(text.lstrip("-")) > _INT_DIGITS:
-        return _Unfit(text)
-    number = int(text)
-    return number if number in _INT_RANGE else _Unfit(text)
+    if len(text.lstrip("-")) <= _INT_DIGITS and int(text) in _INT_RANGE:
+        return int(text)
+    faults.append(text)
+    return _Unfit(text)
 
 
-def _float(text: str) -> float | _Unfit:
+def _float(faults: list[Any], text: str) -> float | _Unfit:
     number = float(text)
-    return number if math.isfinite(number) else _Unfit(text)
+    if math.isfinite(number):
+        return number
+    faults.append(text)
+    return _Unfit(text)
 
 
 def _constant(name: str) -> None:
@@ -140,18 +158,22 @@ def _inspect(document: Any, escaped: bool) -> None:
             _deep(path)
             if isinstance(value, _Duplicated):
                 raise ValidationFailed(f'{_field(path)}: the key "{value.key}" is given twice')
-            for key, item in value.items():
-                if escaped and _BAD_TEXT.search(key):
-                    raise ValidationFailed(f"{_field(path)}: a key {_what_is_bad(key)}")
-                if type(item) not in settled:
-                    stack.append((item, (*path, key)))
+            if escaped:
+                for key in value:
+                    if _BAD_TEXT.search(key):
+                        raise ValidationFailed(f"{_field(path)}: a key {_what_is_bad(key)}")
+            if not settled.issuperset(map(type, value.values())):  # (a pass of C)
+                stack.extend(
+                    (item, (*path, key)) for key, item in value.items() if type(item) not in settled
+                )
         elif isinstance(value, list):
             _deep(path)
-            stack.extend(
-                (item, (*path, index))
-                for index, item in enumerate(value)
-                if type(item) not in settled
-            )
+            if not settled.issuperset(map(type, value)):
+                stack.extend(
+                    (item, (*path, index))
+                    for index, item in enumerate(value)
+                    if type(item) not in settled
+                )
         elif isinstance(value, _Unfit):
             raise ValidationFailed(
                 f"{_field(path)}: the number {value.text[:40]} is out of range "

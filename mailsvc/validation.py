@@ -167,12 +167,19 @@ class Problems:
     @property
     def stopped(self) -> bool:
         """Whether the schema check gave up counting (the input has more problems than
-        :data:`MAX_COLLECTED`); the parser must not run on such an input."""
+        :data:`MAX_COLLECTED`)."""
         return self._found.stopped
 
     @stopped.setter
     def stopped(self, value: bool) -> None:
         self._found.stopped = value
+
+    @property
+    def parsable(self) -> bool:
+        """Whether the parser may run: the schema checked every part it has not refused (it
+        did not stop counting, nor leave the whole input unchecked, as a batch of too many
+        items)."""
+        return not self._found.stopped and "" not in self._found.unchecked
 
     def _named(self, field: str) -> str:
         return (self.prefix + field).rstrip(".") if field else self.prefix.rstrip(".")
@@ -314,6 +321,16 @@ def _bounded_validator() -> Any:
     ``maxProperties``: ``maxItems`` or ``maxProperties`` says what is wrong, and a body of
     100,000 items is refused for the price of one."""
     from jsonschema import Draft202012Validator, validators
+    from jsonschema.exceptions import ValidationError
+
+    def at_most(kind: str) -> Any:
+        # jsonschema's own puts the whole value's repr in its message: a list of 100,000
+        # items took 4 ms to refuse. The message is never shown (``describe`` words it).
+        def check(validator: Any, limit: Any, instance: Any, schema: Any) -> Any:
+            if validator.is_type(instance, kind) and len(instance) > limit:
+                yield ValidationError(f"more than {limit}")
+
+        return check
 
     def within(keyword: str, bound: str, kind: str) -> Any:
         check = Draft202012Validator.VALIDATORS[keyword]
@@ -332,6 +349,8 @@ def _bounded_validator() -> Any:
     return validators.extend(
         Draft202012Validator,
         {
+            "maxItems": at_most("array"),
+            "maxProperties": at_most("object"),
             "items": within("items", "maxItems", "array"),
             "prefixItems": within("prefixItems", "maxItems", "array"),
             "contains": within("contains", "maxItems", "array"),

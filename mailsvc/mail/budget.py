@@ -16,15 +16,21 @@ from typing import Any
 #: throughout, another account's accept p99 went from 11 to 76 ms beside a template burning its
 #: CPU limit in a loop (the bench's noisy case); every 0.1 ms, it stayed within 2x of quiet. A
 #: yield costs about 70 us of wall time (the timer slack of ``sleep(0)``), so the usual template
-#: (1 to 5 ms) yields every 1 ms and only a heavy one pays for yielding often.
+#: (1 to 5 ms) yields every 1 ms and only a heavy one pays for yielding often. A heavy render
+#: also sleeps as long as it ran (``sleep(0)`` lets a waiting thread have the GIL only if the
+#: operating system wakes it before the render takes it back): with four clients rendering at
+#: their limit, another account's p99 went from 3.6 to 2.2 times quiet (``tests.bench.hostile``,
+#: burner, held); such a render takes twice its CPU time in wall time.
 YIELD_EVERY_SECONDS = 0.001
 HEAVY_AFTER_SECONDS = 0.005
 HEAVY_YIELD_EVERY_SECONDS = 0.0001
 
 
 #: Items of a list or mapping that a template may build or be given, and that a filter which
-#: sorts, groups or goes through them one by one may take (sorting 10,000 texts: 11 ms).
-MAX_ITEMS = 10_000
+#: sorts, groups or goes through them one by one may take: sorting 1,000 texts case-blind (a
+#: key computed in Python for each, between two checks of the deadline) takes about 3 ms; at
+#: 10,000, 30 ms, in which no other thread of the worker gets the interpreter.
+MAX_ITEMS = 1_000
 
 
 class _FullCollections(threading.local):
@@ -101,7 +107,7 @@ class Budget:
             spent = now - self.started
             heavy = spent > HEAVY_AFTER_SECONDS
             self.next_yield = now + (HEAVY_YIELD_EVERY_SECONDS if heavy else YIELD_EVERY_SECONDS)
-            time.sleep(0)
+            time.sleep(2 * HEAVY_YIELD_EVERY_SECONDS if heavy else 0)
 
     def charge(self, size: int) -> None:
         self.chars_left -= size

@@ -65,6 +65,7 @@ class Noise:
             {
                 "from": f"noisy@{domain}",
                 "to": "someone@example.org",
+                "subject": "Burn",
                 "templateId": self.template_id,
             },
         )
