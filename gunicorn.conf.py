@@ -24,10 +24,10 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = _METRICS_FOLDER
 
 import gunicorn.util  # noqa: E402
 
-from mailsvc import logs  # noqa: E402
 from mailsvc.errors import raw_error_response  # noqa: E402
+from mailsvc.ops import logs  # noqa: E402
+from mailsvc.ops.startup import check_or_exit, fail, warn  # noqa: E402
 from mailsvc.settings import SettingsError, load_settings, unknown_variables  # noqa: E402
-from mailsvc.startup import check_or_exit, fail, warn  # noqa: E402
 
 try:
     _settings = load_settings()

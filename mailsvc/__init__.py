@@ -12,13 +12,9 @@ __all__ = ["MailService", "__version__", "create_app"]
 
 
 def __getattr__(name: str) -> Any:
-    """``__version__``, read from the installed package's metadata when asked for
-    (``importlib.metadata`` is heavy to load in every worker for a string it never uses)."""
+    """``__version__``, read from the installed package's metadata when asked for."""
     if name != "__version__":
         raise AttributeError(name)
-    from importlib.metadata import PackageNotFoundError, version
+    from .ops.version import installed
 
-    try:
-        return version("mailsvc")
-    except PackageNotFoundError:  # run from a checkout that was never installed
-        return "0.0.0+checkout"
+    return installed()

@@ -31,23 +31,28 @@ from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 from werkzeug.wsgi import ClosingIterator
 
-from . import access, idempotency, metrics, template_cpu
-from .api.operations import Text
-from .auth import Principal, authenticate, check_bearer, read_token, require_scope
-from .changes import Change
+from .api.change import Change
+from .api.dependencies import build_dependencies
+from .api.public import Process, Text
 from .delivery import DeliveryPool
 from .errors import InsufficientCredit, RateLimited, ServiceError, render_error
-from .idempotency import Claim, Replay
-from .inputs import AUTHENTICATED, Input, discard_unread_body, read_input
-from .openapi import build as build_openapi
-from .openapi import route_template
-from .ratelimit import Admission
-from .retention import Purger
-from .routes import URL_MAP, Endpoint
-from .services import build_services
+from .http import access_log as access
+from .http import idempotency
+from .http.auth import Principal, authenticate, check_bearer, read_token, require_scope
+from .http.endpoints import Endpoint
+from .http.idempotency import Claim, Replay
+from .http.inputs import AUTHENTICATED, Input, discard_unread_body, read_input
+from .http.openapi import build as build_openapi
+from .http.openapi import route_template
+from .http.validation import Schemas
+from .limits import template_cpu
+from .limits.ratelimit import Admission
+from .ops import metrics
+from .ops.retention import Purger
+from .ops.version import installed
+from .routes import URL_MAP
 from .settings import Settings, load_settings
 from .store import CreditExhausted, Store, StoreOutage, TokenExhausted, Writes, open_store
-from .validation import Schemas
 from .webhooks.pool import WebhookPool
 
 
@@ -65,15 +70,15 @@ class MailService:
             settings.database, settings.sqlite_synchronous, settings.postgres_pool_size
         )
         self.schemas = Schemas()
-        self.services = build_services(settings, clock, self.store)
+        self.deps = build_dependencies(settings, clock, self.store)
         self.webhooks = WebhookPool(
-            self.store, settings, clock, self.services.dns, self.services.webhook_secrets
+            self.store, settings, clock, self.deps.dns, self.deps.webhook_secrets
         )
         self.delivery = DeliveryPool(
             self.store,
             settings,
             clock,
-            return_path=self.services.return_path,
+            return_path=self.deps.return_path,
             on_events=self.webhooks.wake,
         )
         self.purger = Purger(
@@ -85,6 +90,15 @@ class MailService:
         )
         self.url_map: Map = URL_MAP
         self._openapi: bytes | None = None
+        self.store.on_commit = metrics.observe_commit
+        #: What the public routes read of this process.
+        self.process = Process(
+            self.store,
+            clock,
+            settings.store_min_free_mb * 2**20,
+            lambda: {"delivery": self.delivery.alive, "webhooks": self.webhooks.alive},
+            lambda: self.openapi,
+        )
 
     def start(self) -> None:
         """Start the delivery threads of this process, mail's and webhooks', and the purge of
@@ -125,7 +139,7 @@ class MailService:
         """The OpenAPI document of this service as JSON, built and encoded once (the route has
         no key and no rate limit: it must cost no more than a fixed answer)."""
         if self._openapi is None:
-            self._openapi = json.dumps(build_openapi(self.url_map)).encode()
+            self._openapi = json.dumps(build_openapi(self.url_map, installed())).encode()
         return self._openapi
 
     def dispatch(self, request: Request) -> Response:
@@ -135,21 +149,23 @@ class MailService:
         if endpoint.public:
             return self._public(request, endpoint)
         admission = self._admit(request, endpoint, self.clock())
+        limited = False
         try:
             with template_cpu.metering(admission.template_cpu, self.store.reads):
                 response = self._respond(request, endpoint, matched, admission)
         except StoreOutage:
             raise  # no token can be taken either: the store cannot be used
-        except RateLimited:
-            # No token, but the CPU its templates spent is charged all the same.
-            self.services.limiter.charge_alone(self.store, admission)
-            raise
         except (ServiceError, HTTPException) as exc:
-            # A refused request counts against the rate limit too: its token is taken, and
-            # nothing else it did stands. (Losing the last token to a race makes it a 429.)
-            self.services.limiter.take_alone(self.store, admission)
+            limited = isinstance(exc, RateLimited)
             response = render_error(exc)
-        response.headers.update(self.services.limiter.headers(admission))
+        # The one place the request's token is taken, whatever came of it (unless the write
+        # that applied its change took it): a refusal counts against the rate limit too. A
+        # request refused for its rate limit takes none, but pays for its templates' CPU.
+        try:
+            self.deps.limiter.settle(self.store, admission, limited)
+        except RateLimited as exc:  # the last token went to another request meanwhile
+            response = render_error(exc)
+        response.headers.update(self.deps.limiter.headers(admission))
         return response
 
     def _public(self, request: Request, endpoint: Endpoint) -> Response:
@@ -158,7 +174,7 @@ class MailService:
             check_bearer(
                 request.headers.get("Authorization"), self.settings[endpoint.token_setting]
             )
-        data = endpoint.handler(self)
+        data = endpoint.handler(self.process)
         if isinstance(data, Text):
             return Response(data.body, status=endpoint.status, content_type=data.content_type)
         return _json_response(json.dumps(data), endpoint.status)
@@ -169,7 +185,7 @@ class MailService:
         principal, caller = authenticate(token, self.store.reads, endpoint.rate_group)
         request.environ[AUTHENTICATED] = True
         request.environ[access.ACCOUNT] = principal.account_id
-        return self.services.limiter.admit(caller, principal, endpoint.rate_group, now)
+        return self.deps.limiter.admit(caller, principal, endpoint.rate_group, now)
 
     def _respond(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
@@ -178,36 +194,33 @@ class MailService:
             self.store.check_room(self.settings.store_min_free_mb * 2**20)
         if not endpoint.large_body:
             return self._handle(request, endpoint, matched, admission)
-        with self.services.large_bodies.place(admission.principal.account_id, request.environ):
+        with self.deps.large_bodies.place(admission.principal.account_id, request.environ):
             return self._handle(request, endpoint, matched, admission)
 
     def _handle(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
-        limiter, caller = self.services.limiter, admission.principal
+        limiter, caller = self.deps.limiter, admission.principal
         if "email_id" in matched:
             request.environ[access.EMAIL] = matched["email_id"]
         given = read_input(request, endpoint, self.schemas, self.settings)
-        self.services.keyring.load()  # never from inside a read transaction (see keyring)
+        self.deps.keyring.load()  # never from inside a read transaction (see keyring)
         require_scope(caller, endpoint.scopes)
         arguments = {**matched, **given.arguments}
         if endpoint.permits is not None:  # before anything is replayed or prepared
             endpoint.permits(self.store.reads, caller, **arguments)
         if not endpoint.writes:
             with self.store.read() as view:
-                data = endpoint.handler(view, caller, self.services, **arguments)
-            limiter.take_alone(self.store, admission)
+                data = endpoint.handler(view, caller, self.deps, **arguments)
             return _json_response(json.dumps(data), endpoint.status)
         claim = self._claim(request, caller, given, admission.now)
         if claim is not None:
             replay = idempotency.stored_answer(self.store.reads, claim)
             if replay is not None:
-                limiter.take_alone(self.store, admission)
                 return _replayed(replay)
-        change: Change = endpoint.handler(self.store.reads, caller, self.services, **arguments)
+        change: Change = endpoint.handler(self.store.reads, caller, self.deps, **arguments)
         body = json.dumps(change.answer)
         if claim is None and change.apply is None:  # nothing to write (a render)
-            limiter.take_alone(self.store, admission)
             return _json_response(body, endpoint.status)
         kept = body if change.replayed is None else json.dumps(change.replayed)
 

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__, operator
+from . import operator
+from .api.dependencies import build_dependencies
 from .inbound.reports import MAX_REPORT_BYTES
-from .services import build_services
+from .ops.startup import open_checked_store, warn
+from .ops.version import installed
 from .settings import SettingsError, load_settings, unknown_variables
-from .startup import open_checked_store, warn
 from .store import Store, StoreOutage, StoreUnavailable
 
 #: sysexits.h: a temporary failure; the caller (an MTA) should try again later.
@@ -36,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Operate a mailsvc deployment: its store (MAILSVC_DATABASE) and settings.",
         epilog="Every command prints one JSON object. Settings come from MAILSVC_* variables.",
     )
-    parser.add_argument("--version", action="version", version=f"mailsvc {__version__}")
+    parser.add_argument("--version", action="version", version=f"mailsvc {installed()}")
     nouns = parser.add_subparsers(dest="noun", metavar="COMMAND")
 
     def noun(name: str, help: str) -> Any:
@@ -125,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = command(
         verbs,
         "verify",
-        lambda db, a: operator.verify_domain(db, a.services, a.domain, a.account),
+        lambda db, a: operator.verify_domain(db, a.deps, a.domain, a.account),
         "look the domain's records up in DNS now (MAILSVC_DNS_SERVERS)",
     )
     sub.add_argument("--account", help="the account, when several added the domain")
@@ -210,6 +211,17 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub = nouns.add_parser(
+        "backup",
+        help="copy the SQLite store, consistent, while the service runs",
+        description="Copy the SQLite store (MAILSVC_DATABASE) into PATH as one snapshot of what "
+        "was committed, while the service runs; the copy is checked before it is given its "
+        "name. To restore: stop the service, put the copy in place of the store (and remove "
+        "the store's -wal and -shm files), start it again.",
+    )
+    sub.set_defaults(action=lambda db, a: operator.backup(db, a.path), needs_store=True)
+    sub.add_argument("path", metavar="PATH", help="the copy's path (must not exist)")
+
+    sub = nouns.add_parser(
         "check",
         help="check the settings, the store and the relay, and say what was found",
         description="Check the settings, the store (open, migrate, write) and the relay "
@@ -221,11 +233,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:
     if arguments.maildir:
-        return operator.receive_maildir(store, arguments.services, arguments.maildir)
+        return operator.receive_maildir(store, arguments.deps, arguments.maildir)
     raw = sys.stdin.buffer.read(MAX_REPORT_BYTES)
     while sys.stdin.buffer.read(65536):  # the rest is not read, but taken: the MTA's pipe
         pass  # then closes as it expects
-    return operator.receive_report(store, arguments.services, raw, arguments.recipient)
+    return operator.receive_report(store, arguments.deps, raw, arguments.recipient)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store = None
         if arguments.needs_store:
             store = open_checked_store(settings)
-            arguments.services = build_services(settings, time.time, store)
+            arguments.deps = build_dependencies(settings, time.time, store)
         result = arguments.action(store, arguments)
     except operator.TryLater as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)

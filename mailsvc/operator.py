@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .api.dependencies import Dependencies
 from .api.domains import check_domain, present_domain
 from .api.suppressions import present_suppression
-from .auth import SCOPES, issue_key
 from .errors import ServiceError, ValidationFailed
+from .http.auth import SCOPES, issue_key
+from .http.endpoints import ROUTE_GROUPS
 from .ids import new_id
 from .inbound.processing import Outcome, apply_report, match_report
 from .inbound.reports import Unusable, read_report
+from .limits.template_cpu import GROUP as TEMPLATE_CPU
 from .mail.addresses import normalise_domain, parse_address
 from .mail.dkim import dns_record, new_signing_key
-from .ratelimit import ROUTE_GROUPS
-from .services import Services
+from .ops.backup import BackupRefused, back_up
 from .settings import SETTINGS, Settings, load_settings, unknown_variables
 from .store import (
     POSTGRES_SCHEMES,
@@ -37,7 +39,6 @@ from .store import (
     StoreUnavailable,
     Writes,
 )
-from .template_cpu import GROUP as TEMPLATE_CPU
 from .timestamps import iso_time
 
 log = logging.getLogger("mailsvc.operator")
@@ -152,12 +153,12 @@ def show_domain(store: Store, domain: str, account_id: str | None = None) -> dic
 
 
 def verify_domain(
-    store: Store, services: Services, domain: str, account_id: str | None = None
+    store: Store, deps: Dependencies, domain: str, account_id: str | None = None
 ) -> dict[str, Any]:
     """Check the domain's records in DNS now, as ``POST /v1/domains/{id}/verify`` does."""
     entry = _one_domain(store.reads, domain, account_id)
     try:
-        change = check_domain(store.reads, services, entry.account_id, entry.id)
+        change = check_domain(store.reads, deps, entry.account_id, entry.id)
         if change.apply is not None:
             store.write(change.apply)
     except ServiceError as exc:
@@ -186,6 +187,14 @@ def migrate_data(store: Store, target_url: str, idempotency_ttl: float) -> dict[
     except (StoreUnavailable, TargetNotEmpty) as exc:
         raise OperatorError(str(exc)) from None
     return {"from": str(source.path), "to": _without_password(target_url), "copied": copied}
+
+
+def backup(store: Store, path: str) -> dict[str, Any]:
+    """A consistent copy of the SQLite store at ``path`` (``mailsvc backup``)."""
+    try:
+        return back_up(store, path)
+    except BackupRefused as exc:
+        raise OperatorError(str(exc)) from None
 
 
 def _without_password(url: str) -> str:
@@ -236,7 +245,7 @@ def _require_account(reads: Reads, account_id: str) -> None:
 
 
 def receive_report(
-    store: Store, services: Services, raw: bytes, recipient: str | None = None
+    store: Store, deps: Dependencies, raw: bytes, recipient: str | None = None
 ) -> dict[str, Any]:
     """Use one message that came back (``mailsvc inbound``): a bounce or a complaint report
     changes what it is about; anything else is left alone.
@@ -256,7 +265,7 @@ def receive_report(
         log.info("inbound: not a bounce or a complaint; left alone")
         return {"result": "not a report"}
     try:
-        found = match_report(report, store.reads, services.return_path())
+        found = match_report(report, store.reads, deps.return_path())
         if isinstance(found, Outcome):
             log.warning(
                 "inbound: a %s report (%s) was ignored: %s",
@@ -265,7 +274,7 @@ def receive_report(
                 _IGNORED[found.result],
             )
             return asdict(found)
-        outcome = store.write(apply_report(report, found, services.clock()))
+        outcome = store.write(apply_report(report, found, deps.clock()))
     except StoreOutage as exc:
         raise TryLater(f"the store could not be used ({exc})") from None
     except Exception:  # a message this code cannot use: never retried for days
@@ -283,7 +292,7 @@ _IGNORED = {
 }
 
 
-def receive_maildir(store: Store, services: Services, folder: str) -> dict[str, Any]:
+def receive_maildir(store: Store, deps: Dependencies, folder: str) -> dict[str, Any]:
     """Use every new message of a Maildir (``mailsvc inbound --maildir``), each moved to
     ``cur`` once used; one the store could not take stays in ``new`` for the next run.
 
@@ -297,7 +306,7 @@ def receive_maildir(store: Store, services: Services, folder: str) -> dict[str, 
     for path in sorted(new.iterdir()):
         if not path.is_file():
             continue
-        outcome = receive_report(store, services, path.read_bytes())
+        outcome = receive_report(store, deps, path.read_bytes())
         results[outcome["result"]] = results.get(outcome["result"], 0) + 1
         seen = path.name if ":2," in path.name else f"{path.name}:2,S"
         os.rename(path, cur / seen)
@@ -362,7 +371,7 @@ def check(settings: Settings) -> dict[str, Any]:
     to), and the relay (each step of a connection as delivery makes it). ``ok`` is whether all
     of it works."""
     from .delivery.transport import RelayUrl, probe_relay
-    from .startup import open_checked_store
+    from .ops.startup import open_checked_store
 
     found: dict[str, Any] = {
         "settings": {

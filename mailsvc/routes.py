@@ -1,14 +1,10 @@
 """The routing table: every route of the API, its handler, and what is checked before it runs.
 
-It is also what the OpenAPI document (``GET /v1/openapi.json``, :mod:`mailsvc.openapi`) is built
-from, with the schemas in ``schemas/``: a route cannot be served and left undocumented.
+It is also what the OpenAPI document (``GET /v1/openapi.json``, :mod:`mailsvc.http.openapi`) is
+built from, with the schemas in ``schemas/``: a route cannot be served and left undocumented.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from werkzeug.routing import Map, Rule
 
@@ -17,60 +13,14 @@ from .api import (
     api_keys,
     domains,
     emails,
-    operations,
+    public,
     sending,
     suppressions,
     templates,
     webhooks,
 )
-from .auth import FULL, SENDING
-from .ratelimit import LIST, OTHER, SEND
-from .settings import Settings
-from .validation import Problems
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A route's handler and what the dispatcher must check before calling it.
-
-    :param handler: a read, ``handler(view, caller, services, **arguments) -> data``, runs in one
-        read transaction. A write, ``handler(reads, caller, services, **arguments) -> Change``,
-        prepares outside any lock what the dispatcher then applies in one job of the store's
-        writer (see :mod:`mailsvc.changes`). A public route's, ``handler(service) -> data``.
-    :param summary: what it does, for the OpenAPI document.
-    :param response: the schema of its 2xx answer (``responses.json#/$defs/<response>``).
-    :param schema: the JSON Schema (in ``schemas/``) of the body, or of the query for a GET.
-    :param parse: ``parse(input, settings, problems)`` turns the input, with the settings,
-        into what the handler takes, adding its own problems to the schema's and refusing with
-        all of them (``problems.raise_if_any()``); no I/O.
-    :param refusals: the statuses its handler refuses with, besides those every route of its
-        kind has (401, 429, 400 for its input, 404 for an id, 403 for a scope: see
-        :func:`mailsvc.openapi.statuses`).
-    :param large_body: the route takes attachments: its body may be ``max_send_body_bytes``.
-    :param permits: ``permits(reads, caller, **arguments)`` raises :class:`~.errors.Forbidden`
-        when the caller may not do this with these arguments though its scope allows the
-        route (a key limited to one sender domain); checked before an idempotent answer is
-        replayed or anything is prepared.
-    :param public: no API key, no rate limit (health, the document, metrics).
-    :param token_setting: a public route that wants ``Authorization: Bearer <that setting>``,
-        and is not served while the setting is empty.
-    """
-
-    handler: Callable[..., Any]
-    summary: str
-    response: str
-    rate_group: str = OTHER
-    scopes: tuple[str, ...] = (FULL,)
-    schema: str | None = None
-    parse: Callable[[Any, Settings, Problems], Any] | None = None
-    status: int = 200
-    writes: bool = False
-    refusals: tuple[int, ...] = ()
-    large_body: bool = False
-    permits: Callable[..., None] | None = None
-    public: bool = False
-    token_setting: str | None = None
-
+from .http.auth import FULL, SENDING
+from .http.endpoints import LIST, SEND, Endpoint
 
 SEND_EMAIL = Endpoint(
     emails.send_email,
@@ -244,17 +194,17 @@ LIST_WEBHOOK_DELIVERIES = Endpoint(
     schema="page_query",
 )
 
-HEALTH = Endpoint(operations.health, "The process answers", "health", public=True)
+HEALTH = Endpoint(public.health, "The process answers", "health", public=True)
 READY = Endpoint(
-    operations.readiness,
+    public.readiness,
     "The store answers a write, and delivery runs",
     "ready",
     refusals=(503,),
     public=True,
 )
-OPENAPI = Endpoint(operations.openapi_document, "This document", "openapi", public=True)
+OPENAPI = Endpoint(public.openapi_document, "This document", "openapi", public=True)
 METRICS = Endpoint(
-    operations.metrics,
+    public.metrics,
     "Prometheus metrics (Bearer MAILSVC_METRICS_TOKEN; not served without one)",
     "metrics",
     refusals=(401, 404),

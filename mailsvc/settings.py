@@ -1,8 +1,9 @@
 """Settings: one table of every knob, with its default and help line.
 
 Layered: the defaults below, then ``MAILSVC_<NAME>`` environment variables, then an explicit
-mapping from the caller (tests, embedding apps). The README's settings table is tested against
-:data:`SETTINGS`, so a setting cannot exist undocumented.
+mapping from the caller (tests, embedding apps). A relay's URL is read here too
+(:class:`RelayUrl`), for the setting and for delivery alike. The documented settings table is
+tested against :data:`SETTINGS`, so a setting cannot exist undocumented.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 
 class SettingsError(ValueError):
@@ -109,8 +111,6 @@ def _synchronous(value: str) -> str:
 
 def _relay_url(value: str) -> str:
     if value.strip():
-        from .delivery.transport import RelayUrl  # the one reader of a relay URL
-
         try:
             RelayUrl.parse(value.strip())
         except SettingsError:
@@ -131,6 +131,38 @@ def _bind(value: str) -> str:
     if not (value.startswith("unix:") or (colon and host and port.isdigit())):
         raise ValueError("host:port, such as 127.0.0.1:8000 (or unix:/path)")
     return value.strip()
+
+
+@dataclass(frozen=True)
+class RelayUrl:
+    """``smtp://[user:password@]host[:port][?starttls=1]`` or ``smtps://...``."""
+
+    host: str
+    port: int
+    implicit_tls: bool
+    starttls: bool
+    username: str | None
+    password: str | None
+
+    @classmethod
+    def parse(cls, url: str) -> RelayUrl:
+        """:raises SettingsError: the URL is not of that form."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+            raise SettingsError("MAILSVC_SMTP_URL: expected smtp://host[:port] or smtps://host")
+        try:
+            port = parts.port
+        except ValueError:
+            raise SettingsError("MAILSVC_SMTP_URL: port is not a number") from None
+        query = parse_qs(parts.query)
+        return cls(
+            host=parts.hostname,
+            port=port or (465 if parts.scheme == "smtps" else 25),
+            implicit_tls=parts.scheme == "smtps",
+            starttls=query.get("starttls", ["0"])[0].lower() in ("1", "true", "yes"),
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import template_cpu
-from ..auth import Principal
 from ..errors import NotFound
-from ..ratelimit import ROUTE_GROUPS
-from ..services import Services
+from ..http.auth import Principal
+from ..http.endpoints import ROUTE_GROUPS
+from ..limits import template_cpu
 from ..store import Reads, tokens_at
+from .dependencies import Dependencies
 
 
-def get_account(view: Reads, principal: Principal, services: Services) -> dict[str, Any]:
+def get_account(view: Reads, principal: Principal, deps: Dependencies) -> dict[str, Any]:
     account = view.get_account(principal.account_id)
     if account is None:
         raise NotFound("account: not found")
-    limits, remaining = _limits_and_remaining(view, account.id, services)
+    limits, remaining = _limits_and_remaining(view, account.id, deps)
     return {
         "id": account.id,
         "name": account.name,
@@ -28,16 +28,16 @@ def get_account(view: Reads, principal: Principal, services: Services) -> dict[s
 
 
 def _limits_and_remaining(
-    view: Reads, account_id: str, services: Services
+    view: Reads, account_id: str, deps: Dependencies
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Each bucket's limit (the account's own, or the default) and what it holds now, whole
     requests and milliseconds, before this request takes its own token (its
     ``RateLimit-Remaining`` header says what is left after it): one read a bucket."""
-    now = services.clock()
+    now = deps.clock()
     limits, remaining = {}, {}
     for group in (*ROUTE_GROUPS, template_cpu.GROUP):
         own, bucket = view.get_bucket(account_id, group)
-        limits[group] = services.limiter.per_minute(own, group)
+        limits[group] = deps.limiter.per_minute(own, group)
         remaining[group] = max(0, int(tokens_at(bucket, limits[group], now)))  # or owed
     return limits, remaining
 

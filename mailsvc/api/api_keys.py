@@ -11,16 +11,16 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ..auth import Principal, issue_key, key_prefix
-from ..changes import Change
 from ..errors import NotFound, ValidationFailed
+from ..http.auth import Principal, issue_key, key_prefix
+from ..http.paging import list_page
+from ..http.validation import Problems
 from ..mail.addresses import normalise_domain
-from ..paging import list_page
-from ..services import Services
 from ..settings import Settings
 from ..store import ApiKey, Reads, Writes
 from ..timestamps import iso_time
-from ..validation import Problems
+from .change import Change
+from .dependencies import Dependencies
 
 
 def parse_new_key(body: dict[str, Any], settings: Settings, problems: Problems) -> dict[str, Any]:
@@ -36,14 +36,14 @@ def parse_new_key(body: dict[str, Any], settings: Settings, problems: Problems) 
 
 
 def create_api_key(
-    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: dict[str, Any]
 ) -> Change:
     account_id, domain = principal.account_id, body["domain"]
     if domain is not None and not any(
         d.account_id == account_id for d in reads.find_domains(domain)
     ):
         raise ValidationFailed(f"domain: {domain} is not a domain of this account")
-    issued, now = issue_key(), services.clock()
+    issued, now = issue_key(), deps.clock()
     key = ApiKey(
         issued.id, account_id, issued.secret_hash, body["scope"], False, body["name"], domain, now
     )
@@ -58,7 +58,7 @@ def create_api_key(
 
 
 def list_api_keys(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(keys: Sequence[ApiKey]) -> list[dict[str, Any]]:
         return [present_key(key) for key in keys]
@@ -66,7 +66,7 @@ def list_api_keys(
     fetch = partial(view.list_api_keys, principal.account_id)
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         "api-keys",
         fetch,
@@ -76,10 +76,10 @@ def list_api_keys(
 
 
 def revoke_api_key(
-    reads: Reads, principal: Principal, services: Services, *, key_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, key_id: str
 ) -> Change:
     """Revoke one of the account's keys: from the next request on, on every worker, a 401."""
-    now = services.clock()
+    now = deps.clock()
 
     def revoke(tx: Writes) -> None:
         if not tx.revoke_api_key(key_id, now, principal.account_id):

@@ -17,19 +17,19 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from ..auth import Principal
-from ..changes import Change
 from ..errors import AlreadyExists, NotFound, ValidationFailed
+from ..http.auth import Principal
+from ..http.paging import list_page
+from ..http.validation import Problems
 from ..ids import new_id
 from ..mail.addresses import normalise_domain
 from ..mail.dkim import new_signing_key
 from ..mail.dns import FOUND, PENDING, REQUIRED, Expected, expected_records, judge
-from ..paging import list_page
-from ..services import Services
 from ..settings import Settings
 from ..store import Domain, DomainExists, DomainTaken, Reads, Writes
 from ..timestamps import iso_time
-from ..validation import Problems
+from .change import Change
+from .dependencies import Dependencies
 
 
 def parse_new_domain(body: dict[str, Any], settings: Settings, problems: Problems) -> str:
@@ -41,15 +41,15 @@ def parse_new_domain(body: dict[str, Any], settings: Settings, problems: Problem
     return normalise_domain(body["name"].strip(), "name")
 
 
-def create_domain(reads: Reads, principal: Principal, services: Services, *, body: str) -> Change:
+def create_domain(reads: Reads, principal: Principal, deps: Dependencies, *, body: str) -> Change:
     """Add a pending domain with a new DKIM key; the key is made only for a name the account
     does not have yet."""
     name, account_id = body, principal.account_id
     _refuse_if_mine(name, account_id, reads.find_domains(name))
     key, token, now = (
-        new_signing_key(services.settings.dkim_key_bits),
+        new_signing_key(deps.settings.dkim_key_bits),
         secrets.token_hex(16),
-        services.clock(),
+        deps.clock(),
     )
     domain = Domain(new_id("dom"), account_id, name, False, key, token, now)
 
@@ -60,19 +60,19 @@ def create_domain(reads: Reads, principal: Principal, services: Services, *, bod
             _refuse_if_mine(name, account_id, tx.find_domains(name))
             raise
 
-    return Change(create, present_domain(domain, services.settings))
+    return Change(create, present_domain(domain, deps.settings))
 
 
 def list_domains(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(domains: Sequence[Domain]) -> list[dict[str, Any]]:
-        return [present_domain(domain, services.settings) for domain in domains]
+        return [present_domain(domain, deps.settings) for domain in domains]
 
     fetch = partial(view.list_domains, principal.account_id)
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         "domains",
         fetch,
@@ -82,13 +82,13 @@ def list_domains(
 
 
 def get_domain(
-    view: Reads, principal: Principal, services: Services, *, domain_id: str
+    view: Reads, principal: Principal, deps: Dependencies, *, domain_id: str
 ) -> dict[str, Any]:
-    return present_domain(_find(view, principal.account_id, domain_id), services.settings)
+    return present_domain(_find(view, principal.account_id, domain_id), deps.settings)
 
 
 def delete_domain(
-    reads: Reads, principal: Principal, services: Services, *, domain_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, domain_id: str
 ) -> Change:
     def delete(tx: Writes) -> None:
         if not tx.delete_domain(principal.account_id, domain_id):
@@ -98,13 +98,13 @@ def delete_domain(
 
 
 def verify_domain(
-    reads: Reads, principal: Principal, services: Services, *, domain_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, domain_id: str
 ) -> Change:
     """Look the domain's records up in DNS now and keep what was found."""
-    return check_domain(reads, services, principal.account_id, domain_id)
+    return check_domain(reads, deps, principal.account_id, domain_id)
 
 
-def check_domain(reads: Reads, services: Services, account_id: str, domain_id: str) -> Change:
+def check_domain(reads: Reads, deps: Dependencies, account_id: str, domain_id: str) -> Change:
     """The DNS check of a domain, for the API and the operator alike: the look-ups are made
     now, in parallel, holding nothing; the change records what they found.
 
@@ -113,10 +113,10 @@ def check_domain(reads: Reads, services: Services, account_id: str, domain_id: s
     domain = _find(reads, account_id, domain_id)
     if any(d.verified and d.account_id != account_id for d in reads.find_domains(domain.name)):
         raise ValidationFailed(_taken_message(domain.name))
-    records = _expected(domain, services.settings)
+    records = _expected(domain, deps.settings)
     with ThreadPoolExecutor(max_workers=len(records)) as pool:
-        lookups = list(pool.map(lambda record: services.dns.txt(record.name), records))
-    now = services.clock()
+        lookups = list(pool.map(lambda record: deps.dns.txt(record.name), records))
+    now = deps.clock()
     checks = {
         record.purpose: {**judge(record, lookup), "checkedAt": now}
         for record, lookup in zip(records, lookups, strict=True)
@@ -137,7 +137,7 @@ def check_domain(reads: Reads, services: Services, account_id: str, domain_id: s
         checked_at=now,
         checks=checks,
     )
-    return Change(record, present_domain(checked, services.settings))
+    return Change(record, present_domain(checked, deps.settings))
 
 
 def present_domain(domain: Domain, settings: Settings) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The email endpoints: send one or a batch, show and list, cancel or move a scheduled one.
 
 Handlers are pure: they take validated input, the store's reads and the caller, and return data
-(or, for a write, the :class:`~mailsvc.changes.Change` to apply) or raise a service error. Only
+(or, for a write, the :class:`~mailsvc.api.change.Change` to apply) or raise a service error. Only
 the dispatcher in :mod:`mailsvc.app` touches HTTP.
 """
 
@@ -12,26 +12,26 @@ from dataclasses import replace
 from typing import Any
 
 from .. import statuses
-from ..auth import Principal
-from ..changes import Change
 from ..errors import DomainNotVerified, Forbidden, NotFound, ServiceError, ValidationFailed
+from ..http.auth import Principal
+from ..http.paging import DEFAULT_LIMIT, page
+from ..http.validation import Problems
 from ..mail.addresses import Mailbox, parse_address
-from ..paging import DEFAULT_LIMIT, page
-from ..services import Services
 from ..settings import Settings
 from ..store import EmailFilter, EmailRecord, Event, NewEmail, Reads, Writes
 from ..timestamps import iso_time, parse_instant, parse_iso_time
-from ..validation import Problems
 from ..webhooks import events as webhook_events
+from .change import Change
+from .dependencies import Dependencies
 from .sending import SendRequest, accepted, prepare
 
 
 def send_email(
-    reads: Reads, principal: Principal, services: Services, *, body: SendRequest
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: SendRequest
 ) -> Change:
     """Accept an email: render its template (if any) here; then, in the store's writer, queue
     it if its sender domain is verified, and take its credit."""
-    email = prepare(reads, principal, services, body)
+    email = prepare(reads, principal, deps, body)
     apply, makes_events = _queue([email], "from")
     return Change(
         apply,
@@ -43,7 +43,7 @@ def send_email(
 
 
 def send_batch(
-    reads: Reads, principal: Principal, services: Services, *, body: list[SendRequest]
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: list[SendRequest]
 ) -> Change:
     """Accept 1 to 100 emails, all or none, in one transaction; the credit of all of them is
     taken at once."""
@@ -54,7 +54,7 @@ def send_batch(
     suppressions = reads.suppressed(principal.account_id, everyone)
     for index, request in enumerate(body):
         with problems.within(f"[{index}].").checking():
-            emails.append(prepare(reads, principal, services, request, suppressions))
+            emails.append(prepare(reads, principal, deps, request, suppressions))
     problems.raise_if_any()
     domains = {email.sender_address.rpartition("@")[2] for email in emails}
     verified = {d for d in domains if reads.is_domain_verified(principal.account_id, d)}
@@ -99,7 +99,7 @@ def _unverified(domain: str) -> str:
 
 
 def get_email(
-    view: Reads, principal: Principal, services: Services, *, email_id: str
+    view: Reads, principal: Principal, deps: Dependencies, *, email_id: str
 ) -> dict[str, Any]:
     """The caller's email with this id.
 
@@ -110,11 +110,11 @@ def get_email(
 
 
 def cancel_email(
-    reads: Reads, principal: Principal, services: Services, *, email_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, email_id: str
 ) -> Change:
     """Cancel a scheduled email: nothing is sent, its credit is given back."""
     record = _find(reads, principal, email_id, sending=True)
-    now = services.clock()
+    now = deps.clock()
     canceled = [
         r if r.status == statuses.SUPPRESSED else replace(r, status=statuses.CANCELED)
         for r in record.recipients
@@ -137,11 +137,11 @@ def parse_reschedule(body: dict[str, Any], settings: Settings, problems: Problem
 
 
 def reschedule_email(
-    reads: Reads, principal: Principal, services: Services, *, email_id: str, body: float
+    reads: Reads, principal: Principal, deps: Dependencies, *, email_id: str, body: float
 ) -> Change:
     """Move a scheduled email to another time (``PATCH /v1/emails/{id}``)."""
     _find(reads, principal, email_id, sending=True)
-    now, days = services.clock(), services.settings.schedule_max_days
+    now, days = deps.clock(), deps.settings.schedule_max_days
     if body <= now:
         raise ValidationFailed("scheduledAt: must be in the future")
     if body > now + days * 86400:
@@ -219,10 +219,10 @@ def parse_list_query(
 
 
 def list_emails(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     """The caller's emails, newest first, a page at a time."""
-    limit, account_id, cursors = query["limit"], principal.account_id, services.cursors
+    limit, account_id, cursors = query["limit"], principal.account_id, deps.cursors
     before = cursors.open(query["cursor"], account_id, "emails")
     rows = view.list_emails(account_id, query["where"], before, limit + 1)
 

@@ -1,6 +1,6 @@
 """What a send request asks for, parsed: for ``POST /v1/emails`` and each item of a batch.
 
-Every problem of a body is reported at once (:class:`~mailsvc.validation.Problems`): the
+Every problem of a body is reported at once (:class:`~mailsvc.http.validation.Problems`): the
 schema's, then each address, attachment, header and tag that does not parse, and the count of
 recipients. Then, in the request's own thread, a request becomes the email to queue
 (:func:`prepare`): its template rendered, its schedule checked against the clock, its cost
@@ -15,19 +15,20 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-from .. import statuses, template_cpu
-from ..auth import Principal
+from .. import statuses
 from ..errors import Forbidden, ValidationFailed
+from ..http.auth import Principal
+from ..http.validation import Problems
 from ..ids import new_ordered_id
+from ..limits import template_cpu
 from ..mail.addresses import Mailbox, parse_mailbox
 from ..mail.attachments import AttachmentLimits, parse_attachments
 from ..mail.headers import parse_headers
 from ..mail.rendering import render
-from ..services import Services
 from ..settings import Settings
 from ..store import Attachment, NewEmail, NewRecipient, Reads, Suppression
 from ..timestamps import parse_instant
-from ..validation import Problems
+from .dependencies import Dependencies
 
 #: Recipients of one email at most, across to, cc and bcc (SPEC section 8).
 MAX_RECIPIENTS = 50
@@ -149,7 +150,7 @@ def _mailboxes(body: dict[str, Any], field: str, problems: Problems) -> tuple[Ma
 def prepare(
     reads: Reads,
     principal: Principal,
-    services: Services,
+    deps: Dependencies,
     request: SendRequest,
     suppressions: dict[str, Suppression] | None = None,
 ) -> NewEmail:
@@ -165,15 +166,15 @@ def prepare(
     domain = request.sender.address.rpartition("@")[2]
     subject, html, text = request.subject, request.html, request.text
     if request.template_id is not None:
-        subject, html, text = _render_template(reads, account_id, request, services)
-    now = services.clock()
+        subject, html, text = _render_template(reads, account_id, request, deps)
+    now = deps.clock()
     if request.scheduled_at is not None:
-        ahead = services.settings.schedule_max_days * 86400
+        ahead = deps.settings.schedule_max_days * 86400
         if request.scheduled_at <= now:
             raise ValidationFailed("scheduledAt: must be in the future")
         if request.scheduled_at > now + ahead:
             raise ValidationFailed(
-                f"scheduledAt: at most {services.settings.schedule_max_days:g} days ahead "
+                f"scheduledAt: at most {deps.settings.schedule_max_days:g} days ahead "
                 f"(MAILSVC_SCHEDULE_MAX_DAYS)"
             )
     # Addresses the account suppresses are accepted but never sent to, and cost nothing (read
@@ -206,7 +207,7 @@ def prepare(
         attachments=request.attachments,
         tags=request.tags,
         scheduled_at=request.scheduled_at,
-        charged=charged * services.settings.credits_per_recipient,
+        charged=charged * deps.settings.credits_per_recipient,
     )
 
 
@@ -233,7 +234,7 @@ def accepted(email: NewEmail) -> dict[str, str]:
 
 
 def _render_template(
-    reads: Reads, account_id: str, request: SendRequest, services: Services
+    reads: Reads, account_id: str, request: SendRequest, deps: Dependencies
 ) -> tuple[str, str | None, str | None]:
     """The subject, html and text of the request's template, rendered with its variables."""
     template = reads.get_template(account_id, request.template_id or "")
@@ -245,7 +246,7 @@ def _render_template(
             template.html,
             template.text,
             request.variables or {},
-            services.template_limits,
+            deps.template_limits,
             account_cpu_ms,
         )
     subject = rendered.subject if rendered.subject is not None else request.subject

@@ -12,16 +12,16 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ..auth import Principal
-from ..changes import Change
 from ..errors import AlreadyExists, NotFound
+from ..http.auth import Principal
+from ..http.paging import list_page
+from ..http.validation import Problems
 from ..mail.addresses import parse_address
-from ..paging import list_page
-from ..services import Services
 from ..settings import Settings
 from ..store import Reads, Suppression, Writes
 from ..timestamps import iso_time
-from ..validation import Problems
+from .change import Change
+from .dependencies import Dependencies
 
 
 def parse_new_suppression(
@@ -37,9 +37,9 @@ def parse_new_suppression(
 
 
 def create_suppression(
-    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: dict[str, Any]
 ) -> Change:
-    account_id, address, now = principal.account_id, body["address"], services.clock()
+    account_id, address, now = principal.account_id, body["address"], deps.clock()
     shown = Suppression(account_id, address.lower(), body["reason"], None, None, now)
 
     def add(tx: Writes) -> None:
@@ -52,7 +52,7 @@ def create_suppression(
 
 
 def list_suppressions(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(found: Sequence[Suppression]) -> list[dict[str, Any]]:
         return [present_suppression(suppression) for suppression in found]
@@ -60,7 +60,7 @@ def list_suppressions(
     fetch = partial(view.list_suppressions, principal.account_id, query.get("reason"))
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         "suppressions",
         fetch,
@@ -70,7 +70,7 @@ def list_suppressions(
 
 
 def delete_suppression(
-    reads: Reads, principal: Principal, services: Services, *, address: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, address: str
 ) -> Change:
     """Send to the address again."""
     key = parse_address(address, "address")

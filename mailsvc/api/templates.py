@@ -11,18 +11,18 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from .. import template_cpu
-from ..auth import Principal
-from ..changes import Change
 from ..errors import NotFound
+from ..http.auth import Principal
+from ..http.paging import list_page
+from ..http.validation import Problems
 from ..ids import new_id
+from ..limits import template_cpu
 from ..mail.rendering import TemplateLimits, check_template, render
-from ..paging import list_page
-from ..services import Services
 from ..settings import Settings
 from ..store import Reads, Template, Writes
 from ..timestamps import iso_time
-from ..validation import Problems
+from .change import Change
+from .dependencies import Dependencies
 
 _PARTS = ("subject", "html", "text")
 
@@ -45,9 +45,9 @@ def parse_template(body: dict[str, Any], settings: Settings, problems: Problems)
 
 
 def create_template(
-    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: dict[str, Any]
 ) -> Change:
-    now = services.clock()
+    now = deps.clock()
     template = Template(
         0,
         new_id("tpl"),
@@ -75,12 +75,12 @@ def create_template(
 
 
 def list_templates(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     fetch = partial(view.list_templates, principal.account_id)
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         "templates",
         fetch,
@@ -90,7 +90,7 @@ def list_templates(
 
 
 def get_template(
-    view: Reads, principal: Principal, services: Services, *, template_id: str
+    view: Reads, principal: Principal, deps: Dependencies, *, template_id: str
 ) -> dict[str, Any]:
     return present_template(_find(view, principal, template_id))
 
@@ -98,13 +98,13 @@ def get_template(
 def update_template(
     reads: Reads,
     principal: Principal,
-    services: Services,
+    deps: Dependencies,
     *,
     template_id: str,
     body: dict[str, Any],
 ) -> Change:
     earlier = _find(reads, principal, template_id)
-    now = services.clock()
+    now = deps.clock()
     fields = {part: body.get(part) for part in _PARTS}
 
     def replace(tx: Writes) -> None:
@@ -129,7 +129,7 @@ def update_template(
 
 
 def delete_template(
-    reads: Reads, principal: Principal, services: Services, *, template_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, template_id: str
 ) -> Change:
     def delete(tx: Writes) -> None:
         if not tx.delete_template(principal.account_id, template_id):
@@ -141,7 +141,7 @@ def delete_template(
 def render_template(
     reads: Reads,
     principal: Principal,
-    services: Services,
+    deps: Dependencies,
     *,
     template_id: str,
     body: dict[str, Any],
@@ -155,7 +155,7 @@ def render_template(
             template.html,
             template.text,
             body.get("variables", {}),
-            services.template_limits,
+            deps.template_limits,
             account_cpu_ms,
         )
     answer = {

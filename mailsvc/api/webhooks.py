@@ -13,27 +13,27 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from ..auth import Principal
-from ..changes import Change
 from ..errors import NotFound, ValidationFailed
+from ..http.auth import Principal
+from ..http.paging import list_page
 from ..ids import new_id
-from ..paging import list_page
-from ..services import Services
 from ..store import Reads, Webhook, WebhookDelivery, Writes
 from ..store.webhooks import ENABLED, PENDING
 from ..timestamps import iso_time
 from ..webhooks import events, signing
 from ..webhooks.targets import check_target
+from .change import Change
+from .dependencies import Dependencies
 
 #: Endpoints one account may have.
 MAX_PER_ACCOUNT = 20
 
 
 def create_webhook(
-    reads: Reads, principal: Principal, services: Services, *, body: dict[str, Any]
+    reads: Reads, principal: Principal, deps: Dependencies, *, body: dict[str, Any]
 ) -> Change:
-    account_id, now = principal.account_id, services.clock()
-    url = _checked_url(body["url"], services)
+    account_id, now = principal.account_id, deps.clock()
+    url = _checked_url(body["url"], deps)
     if reads.count_webhooks(account_id) >= MAX_PER_ACCOUNT:
         raise ValidationFailed(f"url: an account has at most {MAX_PER_ACCOUNT} webhooks")
     webhook_id, secret = new_id("wh"), signing.new_secret()
@@ -44,7 +44,7 @@ def create_webhook(
         events=tuple(sorted(set(body["events"]))),
         status=ENABLED,
         disabled_reason=None,
-        secret=services.webhook_secrets.seal(webhook_id, secret),
+        secret=deps.webhook_secrets.seal(webhook_id, secret),
         previous_secret=None,
         previous_until=None,
         created_at=now,
@@ -61,7 +61,7 @@ def create_webhook(
 
 
 def list_webhooks(
-    view: Reads, principal: Principal, services: Services, *, query: dict[str, Any]
+    view: Reads, principal: Principal, deps: Dependencies, *, query: dict[str, Any]
 ) -> dict[str, Any]:
     def present_all(found: Sequence[Webhook]) -> list[dict[str, Any]]:
         return [present_webhook(webhook) for webhook in found]
@@ -69,7 +69,7 @@ def list_webhooks(
     fetch = partial(view.list_webhooks, principal.account_id)
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         "webhooks",
         fetch,
@@ -79,7 +79,7 @@ def list_webhooks(
 
 
 def get_webhook(
-    view: Reads, principal: Principal, services: Services, *, webhook_id: str
+    view: Reads, principal: Principal, deps: Dependencies, *, webhook_id: str
 ) -> dict[str, Any]:
     return present_webhook(_find(view, principal, webhook_id))
 
@@ -87,16 +87,16 @@ def get_webhook(
 def update_webhook(
     reads: Reads,
     principal: Principal,
-    services: Services,
+    deps: Dependencies,
     *,
     webhook_id: str,
     body: dict[str, Any],
 ) -> Change:
     """Change the URL, the events or the status (``enabled`` again: its failures forgotten)."""
     current = _find(reads, principal, webhook_id)
-    url = _checked_url(body["url"], services) if "url" in body else None
+    url = _checked_url(body["url"], deps) if "url" in body else None
     wanted = tuple(sorted(set(body["events"]))) if "events" in body else None
-    now = services.clock()
+    now = deps.clock()
     status = body.get("status")
     enabled = status == ENABLED or (status is None and current.status == ENABLED)
     shown = present_webhook(current)
@@ -118,7 +118,7 @@ def update_webhook(
 
 
 def delete_webhook(
-    reads: Reads, principal: Principal, services: Services, *, webhook_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, webhook_id: str
 ) -> Change:
     """Delete an endpoint; what it had still to receive goes with it."""
 
@@ -130,12 +130,12 @@ def delete_webhook(
 
 
 def rotate_secret(
-    reads: Reads, principal: Principal, services: Services, *, webhook_id: str
+    reads: Reads, principal: Principal, deps: Dependencies, *, webhook_id: str
 ) -> Change:
     """A new secret, shown once; the old one still signs for a day alongside it."""
     current = _find(reads, principal, webhook_id)
-    secret, now = signing.new_secret(), services.clock()
-    sealed = services.webhook_secrets.seal(webhook_id, secret)
+    secret, now = signing.new_secret(), deps.clock()
+    sealed = deps.webhook_secrets.seal(webhook_id, secret)
     until = now + signing.PREVIOUS_SECRET_SECONDS
 
     def rotate(tx: Writes) -> None:
@@ -147,12 +147,12 @@ def rotate_secret(
     return Change(rotate, {**shown, "secret": secret}, replayed={**shown, "secret": None})
 
 
-def send_test(reads: Reads, principal: Principal, services: Services, *, webhook_id: str) -> Change:
+def send_test(reads: Reads, principal: Principal, deps: Dependencies, *, webhook_id: str) -> Change:
     """Send a ``webhook.test`` event to this endpoint (whatever events it asked for)."""
     webhook = _find(reads, principal, webhook_id)
     if webhook.status != ENABLED:
         raise ValidationFailed(f"webhook {webhook_id}: it is disabled; enable it first")
-    now = services.clock()
+    now = deps.clock()
     test = events.event(events.TEST, now, {"webhookId": webhook_id})
 
     def add(tx: Writes) -> None:
@@ -166,7 +166,7 @@ def send_test(reads: Reads, principal: Principal, services: Services, *, webhook
 def list_deliveries(
     view: Reads,
     principal: Principal,
-    services: Services,
+    deps: Dependencies,
     *,
     webhook_id: str,
     query: dict[str, Any],
@@ -180,7 +180,7 @@ def list_deliveries(
     fetch = partial(view.list_webhook_deliveries, principal.account_id, webhook_id)
     return list_page(
         query,
-        services.cursors,
+        deps.cursors,
         principal.account_id,
         f"webhook-deliveries:{webhook_id}",
         fetch,
@@ -223,10 +223,10 @@ def present_delivery(delivery: WebhookDelivery) -> dict[str, Any]:
     }
 
 
-def _checked_url(url: str, services: Services) -> str:
-    settings = services.settings
+def _checked_url(url: str, deps: Dependencies) -> str:
+    settings = deps.settings
     return check_target(
-        url.strip(), services.dns, settings.webhook_allow_http, settings.webhook_allow_private
+        url.strip(), deps.dns, settings.webhook_allow_http, settings.webhook_allow_private
     )
 
 

@@ -1,4 +1,5 @@
-"""Mail delivery: the threads of one process that drain the queue (see :mod:`.leased`).
+"""Mail delivery: the threads of one process that drain the queue (see
+:mod:`mailsvc.queues.leased`).
 
 A claim leases due emails with what sending them needs (the DKIM key, the attachments). Each
 sender thread sends to the recipients still pending through its own transport (so an SMTP
@@ -25,14 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import metrics, statuses
+from .. import statuses
 from ..mail.dkim import SigningKey, sign_message
 from ..mail.message import build_message
 from ..mail.return_path import ReturnPath
+from ..ops import metrics
+from ..queues.leased import LeasedPool
 from ..settings import Settings
 from ..store import Attachment, EmailRecord, Recipient, Store, Suppression, Writes
 from ..webhooks.events import after_attempt
-from .leased import LeasedPool
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
 from .smtp import Reply
 from .transport import RelayHealth, RelayUrl, Transport, open_transport

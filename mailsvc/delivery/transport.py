@@ -18,12 +18,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
-from ..settings import Settings, SettingsError
+from ..settings import RelayUrl, Settings
 from ..store.outages import Conditions
 from .smtp import CLOSING, Exchange, Reply, not_built, text_of
 
@@ -53,38 +52,6 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class RelayUrl:
-    """``smtp://[user:password@]host[:port][?starttls=1]`` or ``smtps://...``."""
-
-    host: str
-    port: int
-    implicit_tls: bool
-    starttls: bool
-    username: str | None
-    password: str | None
-
-    @classmethod
-    def parse(cls, url: str) -> RelayUrl:
-        """:raises SettingsError: the URL is not of that form."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
-            raise SettingsError("MAILSVC_SMTP_URL: expected smtp://host[:port] or smtps://host")
-        try:
-            port = parts.port
-        except ValueError:
-            raise SettingsError("MAILSVC_SMTP_URL: port is not a number") from None
-        query = parse_qs(parts.query)
-        return cls(
-            host=parts.hostname,
-            port=port or (465 if parts.scheme == "smtps" else 25),
-            implicit_tls=parts.scheme == "smtps",
-            starttls=query.get("starttls", ["0"])[0].lower() in ("1", "true", "yes"),
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-        )
-
-
 class RelayHealth:
     """Whether a process reaches its relay: logged once when the relay cannot be reached
     (however many messages then wait) and once when it can again, not per message.
@@ -94,7 +61,7 @@ class RelayHealth:
     leaves the rest queued, instead of attempting, and deferring one by one, every email that
     falls due. A probe that has not failed within ``patience`` more seconds (a relay that does
     not answer) is followed by another. The first connection that succeeds calls ``on_reached``
-    (which wakes the claimer).
+    (which wakes the claimer). ``monotonic`` is its clock (injected: the tests move it).
     """
 
     def __init__(
@@ -103,8 +70,10 @@ class RelayHealth:
         probe_seconds: float = 1.0,
         patience: float = 30.0,
         on_reached: Callable[[], None] = lambda: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.relay = _without_password(relay)
+        self._monotonic = monotonic
         self.probe_seconds = probe_seconds
         self.patience = patience
         self.on_reached = on_reached
@@ -114,7 +83,7 @@ class RelayHealth:
 
     def failed(self, reason: str) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = self._monotonic()
             self._next_probe = now + self.probe_seconds
             if self._failing_since is not None:
                 return
@@ -125,7 +94,9 @@ class RelayHealth:
         with self._lock:
             since, self._failing_since = self._failing_since, None
         if since is not None:
-            log.warning("relay %s reached again after %.0f s", self.relay, time.monotonic() - since)
+            log.warning(
+                "relay %s reached again after %.0f s", self.relay, self._monotonic() - since
+            )
             self.on_reached()
 
     def admits(self, wanted: int) -> tuple[int, float]:
@@ -135,7 +106,7 @@ class RelayHealth:
         with self._lock:
             if self._failing_since is None:
                 return wanted, 0.0
-            now = time.monotonic()
+            now = self._monotonic()
             if now < self._next_probe:  # (asked again a probe's time later at most)
                 return 0, min(self._next_probe, now + self.probe_seconds)
             self._next_probe = now + self.probe_seconds + self.patience  # until it fails
@@ -148,7 +119,7 @@ class RelayHealth:
         if count > 0:
             with self._lock:
                 if self._failing_since is not None:
-                    self._next_probe = min(self._next_probe, time.monotonic())
+                    self._next_probe = min(self._next_probe, self._monotonic())
 
 
 def open_transport(settings: Settings, health: RelayHealth | None = None) -> Transport:

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..http.validation import Problems
 from ..store import Attachment
-from ..validation import Problems
 
 #: Extensions that mailbox providers refuse (Gmail's list, which Outlook's matches closely).
 EXECUTABLE = frozenset(

@@ -17,11 +17,12 @@ import hashlib
 import re
 import secrets
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from ..store.records import SigningKey
 
 #: Header fields RFC 6376 (section 5.4) says should not be signed, and DKIM-Signature itself.
 _NOT_SIGNED = frozenset(
@@ -39,12 +40,6 @@ _NOT_SIGNED = frozenset(
 #: with a tab, or of more than one space. A single space, most of them in a body, stays as it is.
 _WSP = re.compile(rb"\t[ \t]*| [ \t]+")
 _FIELD_END = re.compile(rb"\r\n(?![ \t])")
-
-
-@dataclass(frozen=True)
-class SigningKey:
-    selector: str
-    private_pem: str
 
 
 def new_signing_key(bits: int = 2048) -> SigningKey:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..validation import Problems
+from ..http.validation import Problems
 
 _FIELD_NAME = re.compile(r"[\x21-\x39\x3b-\x7e]+")
 #: The longest run of an ASCII value without a space: with the name, within a 998-octet line.

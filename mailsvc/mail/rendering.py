@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ValidationFailed
-from .budget import MAX_ITEMS, AccountCpuSpent, Budget, RenderLimit, cpu_now
+from ..limits.render_budget import MAX_ITEMS, AccountCpuSpent, Budget, RenderLimit, cpu_now
+from ..ops import metrics
 
 if TYPE_CHECKING:
     from jinja2 import nodes
@@ -113,17 +114,22 @@ def render(
         max_text=limits.max_output_chars,
     )
     out: dict[str, str | None] = {}
-    for part, source in (("subject", subject), ("html", html), ("text", text)):
-        if source is None:
-            out[part] = None
-            continue
-        compiled = _compiled(part == "html", source, part, limits)
-        missing = next((path for path in compiled.required if not _present(variables, path)), None)
-        if missing is not None:
-            raise ValidationFailed(
-                f"variables.{'.'.join(missing)}: missing; the template's {part} uses it"
-            )
-        out[part] = _render_part(compiled, variables, part, budget, limits)
+    metrics.RENDERS.inc()
+    try:
+        for part, source in (("subject", subject), ("html", html), ("text", text)):
+            if source is None:
+                out[part] = None
+                continue
+            compiled = _compiled(part == "html", source, part, limits)
+            required = compiled.required
+            missing = next((path for path in required if not _present(variables, path)), None)
+            if missing is not None:
+                raise ValidationFailed(
+                    f"variables.{'.'.join(missing)}: missing; the template's {part} uses it"
+                )
+            out[part] = _render_part(compiled, variables, part, budget, limits)
+    finally:
+        metrics.RENDERS.dec()
     return Rendered(**out)
 
 
@@ -161,7 +167,7 @@ def _render_part(
     budget: Budget,
     limits: TemplateLimits,
 ) -> str:
-    from .budget import run_with
+    from ..limits.render_budget import run_with
 
     def stream() -> str:
         chunks, size = [], 0

@@ -44,7 +44,7 @@ from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 from jinja2.utils import Cycler, Joiner, Namespace
 from jinja2.visitor import NodeTransformer
 
-from .budget import MAX_ITEMS, Budget, RenderLimit, budget
+from ..limits.render_budget import MAX_ITEMS, Budget, RenderLimit, budget
 
 #: The largest integer a template may make, in bits (about 1,200 decimal digits).
 MAX_INT_BITS = 4096

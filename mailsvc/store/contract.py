@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
-from ..mail.dkim import SigningKey
 from .outages import Conditions
 from .records import (
     Account,
@@ -32,6 +31,7 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
+    SigningKey,
     Suppression,
     Template,
     Webhook,
@@ -593,6 +593,9 @@ class Store(Protocol):
     announces_mail: bool
     #: The outages this process's store is in now (each logged once as it begins and ends).
     conditions: Conditions
+    #: Called with how long each job of a committed write transaction waited for it (for the
+    #: metrics, which the store does not import: the app sets it).
+    on_commit: Callable[[Sequence[float]], None]
 
     def read(self) -> AbstractContextManager[Reads]:
         """A read transaction: one consistent snapshot of committed data.

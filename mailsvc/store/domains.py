@@ -11,9 +11,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..mail.dkim import SigningKey
 from .contract import DomainExists, DomainTaken
-from .records import Domain
+from .records import Domain, SigningKey
 from .sql import Connection, Dialect, page_bound
 
 _COLUMNS = (

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..mail.dkim import SigningKey
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A sender domain's DKIM key: its selector, and the private key in PEM."""
+
+    selector: str
+    private_pem: str
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from .accounts import AccountVerbs
+from .api_keys import KeyVerbs
 from .domains import DomainVerbs
 from .idempotency import IdempotencyVerbs
-from .keys import KeyVerbs
-from .operations import OperationVerbs
+from .maintenance import OperationVerbs
 from .queue import QueueVerbs
 from .reports import ReportVerbs
-from .secrets import SecretVerbs
+from .service_secrets import SecretVerbs
 from .sql import Connection, Contended, Dialect
 from .suppressions import SuppressionVerbs
 from .templates import TemplateVerbs

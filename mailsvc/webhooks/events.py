@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .. import statuses
 from ..ids import new_id
 from ..mail.addresses import Mailbox
 from ..store import EmailRecord, NewEmail, WebhookEvent
 from ..timestamps import iso_time
-
-if TYPE_CHECKING:
-    from ..delivery.outcome import Decision
 
 SENT = "email.sent"
 DEFERRED = "email.deferred"
@@ -45,6 +42,17 @@ _AFTER_ATTEMPT = {
     statuses.FAILED: FAILED,
     statuses.DEFERRED: DEFERRED,
 }
+
+
+class _Attempt(Protocol):
+    """What an attempt left (delivery's ``Decision``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def recipients(self) -> Sequence[tuple[int, Any]]: ...
+    @property
+    def due_at(self) -> float | None: ...
 
 
 class _Email(Protocol):
@@ -103,7 +111,7 @@ def event(type: str, at: float, data: dict[str, Any]) -> WebhookEvent:
 
 def after_attempt(
     email: EmailRecord,
-    decision: Decision,
+    decision: _Attempt,
     at: float,
     attempt: int,
     wanted: frozenset[str] = frozenset(TYPES),

@@ -1,5 +1,5 @@
 """Webhook delivery: threads of their own in each process, apart from mail delivery's, so a slow
-or dead endpoint never holds up mail or the API (see :mod:`mailsvc.delivery.leased`).
+or dead endpoint never holds up mail or the API (see :mod:`mailsvc.queues.leased`).
 
 Each attempt is a POST of the event's payload, signed (:mod:`.signing`). A 2xx answer ends the
 delivery. Anything else (another status, a redirect, a timeout, an address that may not be
@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .. import metrics
-from ..delivery.leased import LeasedPool
 from ..errors import ValidationFailed
 from ..mail.dns import DnsChecker
+from ..ops import metrics
+from ..queues.leased import LeasedPool
 from ..settings import Settings
 from ..store import Store, Webhook, WebhookAttempt, WebhookDelivery, Writes
 from ..store.webhooks import FAILED, PENDING, SUCCEEDED

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..keyring import Keyring
+from ..store.keyring import Keyring
 
 PREFIX = "whsec_"
 #: How long the previous secret still signs after a rotation.

@@ -30,7 +30,6 @@ from psycopg import errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ... import metrics
 from ..contract import Reads, StoreUnavailable, Writes, each_read
 from ..outages import BUSY, FULL, UNREACHABLE, WRITE_FAILURES, Conditions
 from ..sql import Contended, Dialect, migration_scripts
@@ -151,6 +150,8 @@ class PostgresStore:
         self.setting = setting
         self.reads: Reads = each_read(self._autocommit)
         self.conditions = Conditions()
+        #: Called with how long each job of a committed transaction waited (the metrics).
+        self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
@@ -199,8 +200,7 @@ class PostgresStore:
         for attempt in range(_RETRIES + 1):
             waiting = time.perf_counter()
             with self._connections().connection() as connection:
-                metrics.WRITE_WAIT.observe(time.perf_counter() - waiting)
-                metrics.WRITE_BATCH.observe(1)
+                self.on_commit([time.perf_counter() - waiting])
                 try:
                     opened = _Connection(connection, begin)
                     verbs = SqlVerbs(opened, DIALECT)

@@ -16,7 +16,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -95,7 +95,11 @@ class SqliteStore:
         self._idle: list[sqlite3.Connection] = []
         #: The writer thread's connection, its lock file, and the process that opened them.
         self._writing: tuple[sqlite3.Connection, int, int] | None = None
-        self._writer = Writer(self._transaction, self._close_writing)
+        #: Called with how long each job of a committed transaction waited (the metrics).
+        self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
+        self._writer = Writer(
+            self._transaction, self._close_writing, lambda waits: self.on_commit(waits)
+        )
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -117,6 +121,21 @@ class SqliteStore:
             result = self._writer.run(job, durable)
         self.conditions.ended(*WRITE_FAILURES)
         return result
+
+    def copy_to(self, target: Path) -> None:
+        """Copy the database into the file ``target``, as one snapshot of what was committed
+        (SQLite's online backup, every page in one step, from a read connection: writers go on
+        meanwhile)."""
+        with self._outages():
+            source = self._reader()
+            try:
+                copy = sqlite3.connect(target)
+                try:
+                    source.backup(copy)
+                finally:
+                    copy.close()
+            finally:
+                self._give_back(source)
 
     def check_room(self, reserve_bytes: int) -> None:
         """:raises StoreOutage: the file system of the store has less than ``reserve_bytes``

@@ -13,11 +13,10 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
 
-from ... import metrics
 from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
@@ -44,15 +43,18 @@ class Writer:
 
     :param transaction: opens a write transaction on the writer thread's connection.
     :param close: closes that connection, when the thread ends.
+    :param observe: called with how long each job of a transaction waited for it.
     """
 
     def __init__(
         self,
         transaction: Callable[[bool], AbstractContextManager[SqlVerbs]],
         close: Callable[[], None],
+        observe: Callable[[Sequence[float]], None] = lambda waits: None,
     ) -> None:
         self._transaction = transaction
         self._close = close
+        self._observe = observe
         self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
         self._pid: int | None = None
         self._start_lock = threading.Lock()
@@ -124,9 +126,8 @@ class Writer:
         try:
             with self._transaction(any(job.durable for job in jobs)) as tx:
                 began = time.perf_counter()
-                for job in jobs:  # each waited for the writer, then the file lock
-                    metrics.WRITE_WAIT.observe(began - job.queued_at)
-                metrics.WRITE_BATCH.observe(len(jobs))
+                # Each waited for the writer, then the file lock.
+                self._observe([began - job.queued_at for job in jobs])
                 # A job alone needs no savepoint (two statements): when it raises, the whole
                 # transaction is rolled back, and that is all it wrote.
                 alone = len(jobs) == 1

@@ -8,8 +8,8 @@ import sqlite3
 import sys
 from typing import NoReturn
 
-from .settings import Settings, SettingsError
-from .store import Store, StoreOutage, StoreUnavailable, open_store
+from ..settings import Settings, SettingsError
+from ..store import Store, StoreOutage, StoreUnavailable, open_store
 
 
 def open_checked_store(settings: Settings) -> Store:

@@ -16,9 +16,9 @@ from typing import Any
 
 from werkzeug.wrappers import Request, Response
 
-from . import metrics
+from ..ops import metrics
 
-log = logging.getLogger("mailsvc.access")
+log = logging.getLogger("mailsvc.http.access_log")
 
 HEADER = "X-Request-Id"
 #: Set in the WSGI environ by the dispatcher, for the log line and the metrics.
@@ -35,7 +35,7 @@ def request_id(given: str | None) -> str:
 
 
 def record(request: Request, response: Response, started: float, request_id: str) -> None:
-    """Count the request and log its line (at INFO, on ``mailsvc.access``)."""
+    """Count the request and log its line (at INFO, on ``mailsvc.http.access_log``)."""
     environ: dict[str, Any] = request.environ
     seconds = time.perf_counter() - started
     route = environ.get(ROUTE, "unmatched")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import fastjsonschema
 
-from .errors import ValidationFailed
+from ..errors import ValidationFailed
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator

@@ -18,10 +18,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from .ids import new_id
-from .store import Store, StoreOutage
+from ..ids import new_id
+from ..store import Store, StoreOutage
 
-log = logging.getLogger("mailsvc.retention")
+log = logging.getLogger("mailsvc.ops.retention")
 
 #: Emails purged in one transaction: a few milliseconds of the write lock.
 BATCH = 200

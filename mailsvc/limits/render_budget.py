@@ -71,7 +71,7 @@ class RenderLimit(Exception):
 
 class AccountCpuSpent(Exception):
     """A render used what was left of its account's template CPU time (a 429, not the
-    template's fault: :mod:`mailsvc.template_cpu`)."""
+    template's fault: :mod:`mailsvc.limits.template_cpu`)."""
 
 
 @dataclass

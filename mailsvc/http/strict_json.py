@@ -18,7 +18,7 @@ import re
 from functools import partial
 from typing import Any
 
-from .errors import ValidationFailed
+from ..errors import ValidationFailed
 from .validation import field_path
 
 #: Deepest nesting of arrays and objects accepted in a request body.

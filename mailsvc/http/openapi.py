@@ -19,7 +19,7 @@ from werkzeug.http import HTTP_STATUS_CODES
 from werkzeug.routing import Map, Rule
 
 from .auth import FULL
-from .routes import Endpoint
+from .endpoints import Endpoint
 from .validation import load_schema_files
 
 _ARGUMENT = re.compile(r"<(?:[a-z]+:)?([a-z_]+)>")
@@ -63,9 +63,8 @@ def statuses(rule: Rule, endpoint: Endpoint) -> list[int]:
     return sorted(found)
 
 
-def build(url_map: Map) -> dict[str, Any]:
-    import mailsvc  # its version, read when the document is first built
-
+def build(url_map: Map, version: str = "0.0.0") -> dict[str, Any]:
+    """The document of the routes of ``url_map``, of the API at ``version``."""
     schemas = {name: _inside(name, schema) for name, schema in load_schema_files().items()}
     paths: dict[str, dict[str, Any]] = {}
     for rule in sorted(url_map.iter_rules(), key=lambda r: r.rule):
@@ -76,7 +75,7 @@ def build(url_map: Map) -> dict[str, Any]:
         "openapi": "3.1.0",
         "info": {
             "title": "mailsvc",
-            "version": mailsvc.__version__,
+            "version": version,
             "description": "A self-hosted transactional email service. Every error is "
             "`{statusCode, message, error}`; every answer of a rate-limited route carries "
             "RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset.",

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from .errors import ValidationFailed
-from .keyring import Keyring
+from ..errors import ValidationFailed
+from ..store.keyring import Keyring
 
 Item = TypeVar("Item")
 

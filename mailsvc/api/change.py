@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Writes
+from ..store import Writes
 
 
 @dataclass(frozen=True)

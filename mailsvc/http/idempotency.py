@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import IdempotencyMismatch, ValidationFailed
-from .store import IdempotentRequest, Reads, Writes
+from ..errors import IdempotencyMismatch, ValidationFailed
+from ..store import IdempotentRequest, Reads, Writes
 
 HEADER = "Idempotency-Key"
 

@@ -10,7 +10,7 @@ a process would be one process's view).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -18,6 +18,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -25,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 if TYPE_CHECKING:
-    from .store import Store
+    from ..store import Store
 
 REQUESTS = Counter(
     "mailsvc_http_requests",
@@ -49,6 +50,17 @@ WEBHOOKS = Counter(
     "Webhook requests, by outcome: succeeded, retried (failed, tried again later) or failed",
     ["outcome"],
 )
+LARGE_BODIES = Gauge(
+    "mailsvc_large_bodies_in_progress",
+    "Requests with a large body (over MAILSVC_MAX_BODY_BYTES, or chunked) being worked on now, "
+    "in every worker",
+    multiprocess_mode="livesum",
+)
+RENDERS = Gauge(
+    "mailsvc_template_renders_in_progress",
+    "Template renders running now, in every worker",
+    multiprocess_mode="livesum",
+)
 WRITE_WAIT = Histogram(
     "mailsvc_store_write_wait_seconds",
     "Time a write waited for the store's write lock (SQLite: its writer and the file lock; "
@@ -60,6 +72,13 @@ WRITE_BATCH = Histogram(
     "Jobs committed in one transaction (SQLite's writer commits many at once)",
     buckets=(1, 2, 4, 8, 16, 32, 64),
 )
+
+
+def observe_commit(waits: Sequence[float]) -> None:
+    """A write transaction committed: how long each of its jobs waited for it."""
+    for wait in waits:
+        WRITE_WAIT.observe(wait)
+    WRITE_BATCH.observe(len(waits))
 
 
 class _Scrape:

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from .errors import ServiceError
+from ..errors import ServiceError
+from ..ops import metrics
 
 #: Large bodies one account may have in the work of one process at once.
 PER_ACCOUNT = 2
@@ -76,9 +77,11 @@ class LargeBodies:
                     503,
                 )
             self._held[account_id] = mine + 1
+        metrics.LARGE_BODIES.inc()
         try:
             yield
         finally:
+            metrics.LARGE_BODIES.dec()
             with self._lock:
                 left = self._held[account_id] - 1
                 if left:

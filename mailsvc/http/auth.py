@@ -15,9 +15,9 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from .errors import Forbidden, NotAuthenticated, NotFound
-from .ids import new_id
-from .store import Caller, Reads
+from ..errors import Forbidden, NotAuthenticated, NotFound
+from ..ids import new_id
+from ..store import Caller, Reads
 
 FULL = "full"
 SENDING = "sending"

@@ -68,6 +68,9 @@ class LeasedPool(Generic[Item]):
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
         self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        #: Claims this pool has made (each a look at the store, whatever it found): what a
+        #: caller waits on to know the pool has looked since some moment.
+        self.claims = 0
 
     # -- what a subclass says --------------------------------------------------------------
 
@@ -206,6 +209,7 @@ class LeasedPool(Generic[Item]):
             except Exception:
                 log.exception("%s: claiming failed; trying again at the next poll", self.name)
                 batch = []
+            self.claims += 1
             if len(batch) < wanted:
                 self.unclaimed(wanted - len(batch))
             if batch and not self._running:

@@ -19,16 +19,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..errors import RateLimited
+from ..http.auth import Principal
+from ..store import Caller, Reads, Store, TokenExhausted, Writes, tokens_at
+from ..store.api_keys import LAST_USED_PRECISION_SECONDS
 from . import template_cpu
-from .auth import Principal
-from .errors import RateLimited
-from .store import Caller, Reads, Store, TokenExhausted, Writes, tokens_at
-from .store.keys import LAST_USED_PRECISION_SECONDS
-
-SEND = "send"
-LIST = "list"
-OTHER = "other"
-ROUTE_GROUPS = (SEND, LIST, OTHER)
 
 
 @dataclass
@@ -90,6 +85,18 @@ class RateLimiter:
             tx.touch_api_key(principal.key_id, now)
         tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
         template_cpu.charge(tx, admission.template_cpu)
+
+    def settle(self, store: Store, admission: Admission, limited: bool) -> None:
+        """Take the request's token once it is answered, whatever the answer, unless the
+        write that applied its change took it already; a request refused for its rate limit
+        (``limited``) takes none, but is charged what its templates spent.
+
+        :raises RateLimited: another request took the last token first.
+        """
+        if limited:
+            self.charge_alone(store, admission)
+        else:
+            self.take_alone(store, admission)
 
     def take_alone(self, store: Store, admission: Admission) -> None:
         """Take the token in a transaction of its own, one that need not wait for the disk.

@@ -6,24 +6,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import template_cpu
-from .keyring import Keyring
-from .large_bodies import LargeBodies
-from .mail.dns import DnsChecker
-from .mail.rendering import TemplateLimits
-from .mail.return_path import ReturnPath
-from .paging import Cursors
-from .ratelimit import RateLimiter
-from .settings import Settings
-from .store import Store
-from .webhooks.signing import SecretBox
+from ..http.large_bodies import LargeBodies
+from ..http.paging import Cursors
+from ..limits import template_cpu
+from ..limits.ratelimit import RateLimiter
+from ..mail.dns import DnsChecker
+from ..mail.rendering import TemplateLimits
+from ..mail.return_path import ReturnPath
+from ..settings import Settings
+from ..store import Store
+from ..store.keyring import Keyring
+from ..webhooks.signing import SecretBox
 
 #: The keyring's name of the return-path MAC key, when the settings give none.
 RETURN_PATH_KEY = "return-path"
 
 
 @dataclass(frozen=True)
-class Services:
+class Dependencies:
     settings: Settings
     #: Seconds since the epoch; injected so tests move time instead of sleeping.
     clock: Callable[[], float]
@@ -45,7 +45,9 @@ class Services:
         return ReturnPath(domain, key)
 
 
-def build_services(settings: Settings, clock: Callable[[], float], store: Store) -> Services:
+def build_dependencies(
+    settings: Settings, clock: Callable[[], float], store: Store
+) -> Dependencies:
     """The handlers' dependencies as the settings say: for the app and the CLI alike."""
     limiter = RateLimiter(
         {
@@ -61,7 +63,7 @@ def build_services(settings: Settings, clock: Callable[[], float], store: Store)
         settings.large_bodies_per_process, settings.max_body_bytes, settings.max_send_body_bytes
     )
     keyring = Keyring(store)
-    return Services(
+    return Dependencies(
         settings,
         clock,
         limiter,

@@ -28,9 +28,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from .errors import RateLimited
-from .mail.budget import AccountCpuSpent, cpu_now
-from .store import TEMPLATE_CPU_GROUP, Reads, Writes, tokens_at
+from ..errors import RateLimited
+from ..store import TEMPLATE_CPU_GROUP, Reads, Writes, tokens_at
+from .render_budget import AccountCpuSpent, cpu_now
 
 #: The bucket's name among the rate limits' (``account_limits`` and ``rate_buckets``).
 GROUP = TEMPLATE_CPU_GROUP

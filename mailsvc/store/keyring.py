@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import threading
 
-from .store import Store
+from . import Store
 
 #: Every key the service uses, by name, with its size in bytes.
 KEYS = {"cursors": 16, "return-path": 32, "webhook-secrets": 32}

@@ -28,11 +28,11 @@ from typing import Any
 
 from werkzeug.wrappers import Request
 
+from ..errors import BodyTooLarge, BodyTooSlow, ServiceError, UnsupportedMediaType, ValidationFailed
+from ..settings import Settings
 from . import strict_json
 from .deadlines import WATCHDOG
-from .errors import BodyTooLarge, BodyTooSlow, ServiceError, UnsupportedMediaType, ValidationFailed
-from .routes import Endpoint
-from .settings import Settings
+from .endpoints import Endpoint
 from .validation import Schemas
 
 _CHUNK = 65536

@@ -1,0 +1,3 @@
+"""Running the service: the checks before a server starts, the purge of old mail, metrics, logs,
+backups of the embedded store, and the version that runs.
+"""

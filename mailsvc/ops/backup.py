@@ -1,0 +1,68 @@
+"""A consistent copy of a live SQLite store, taken while the service runs (``mailsvc backup``),
+and what a restore needs of it.
+
+The copy is one snapshot, made with SQLite's online backup API in one step from a read
+connection: in WAL mode the writers of every worker go on meanwhile, and the copy has all that
+was committed when it began, and nothing after. It is written beside its destination, flushed
+to disk, checked (``PRAGMA integrity_check``), and only then given its name, so a crash never
+leaves a half copy under it. A PostgreSQL store is backed up with PostgreSQL's own tools.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from ..store import SqliteStore, Store
+
+
+class BackupRefused(Exception):
+    """The copy cannot be made: the reason, for the operator."""
+
+
+def back_up(store: Store, destination: str | os.PathLike[str]) -> dict[str, Any]:
+    """Copy ``store`` to ``destination`` (which must not exist); what was copied.
+
+    :raises BackupRefused: the store is not SQLite, or the destination exists or cannot be
+        written.
+    """
+    if not isinstance(store, SqliteStore):
+        raise BackupRefused(
+            "MAILSVC_DATABASE is PostgreSQL: back it up with pg_dump, or base backups with WAL "
+            "archiving (docs/operating.md, Backups)"
+        )
+    target = Path(destination)
+    if target.exists():
+        raise BackupRefused(f"{target}: exists already; give a new path")
+    partial = target.with_name(target.name + ".partial")
+    try:
+        store.copy_to(partial)
+        with open(partial, "rb") as handle:
+            os.fsync(handle.fileno())
+        copy = sqlite3.connect(partial)
+        try:
+            checked = copy.execute("PRAGMA integrity_check").fetchone()[0]
+            emails = copy.execute("SELECT count(*) FROM emails").fetchone()[0]
+        finally:
+            copy.close()
+        if checked != "ok":
+            raise BackupRefused(f"the copy does not check out ({checked}); nothing was kept")
+        os.replace(partial, target)
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError as exc:
+        raise BackupRefused(f"{target}: {exc.strerror or exc}") from None
+    finally:
+        partial.unlink(missing_ok=True)
+    return {
+        "from": str(store.path),
+        "to": str(target),
+        "bytes": target.stat().st_size,
+        "emails": emails,
+        "integrity": checked,
+    }
