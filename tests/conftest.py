@@ -49,16 +49,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 class Clock:
-    """Wall-clock time that a test can move forward."""
+    """Wall-clock time that a test can move forward. Moving it wakes the delivery threads of
+    every app that runs on it (as time passing would, at their next look): they follow it,
+    instead of the test waiting for their next poll."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.listeners: list[Callable[[], None]] = []
 
     def __call__(self) -> float:
         return time.time() + self.offset
 
     def advance(self, seconds: float) -> None:
         self.offset += seconds
+        for listener in self.listeners:
+            listener()
 
 
 @dataclass
@@ -83,6 +88,8 @@ def apps_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     def recorded(self: MailService, *args: Any, **kwargs: Any) -> None:
         build(self, *args, **kwargs)
         built.append(self)
+        if isinstance(self.clock, Clock):
+            self.clock.listeners.extend([self.delivery.wake, self.webhooks.wake])
 
     monkeypatch.setattr(MailService, "__init__", recorded)
     yield
@@ -95,7 +102,7 @@ class DocumentedAnswers:
     its operation, and its body must match that status's schema."""
 
     def __init__(self) -> None:
-        from mailsvc.openapi import build
+        from mailsvc.http.openapi import build
         from mailsvc.routes import URL_MAP
 
         self.document = build(URL_MAP)
@@ -136,7 +143,7 @@ def answers_match_the_document(
     monkeypatch: pytest.MonkeyPatch, documented_answers: DocumentedAnswers
 ) -> None:
     """Every answer any test gets from the app is checked against the OpenAPI document."""
-    from mailsvc import access
+    from mailsvc.http import access_log as access
 
     record = access.record
 
@@ -307,6 +314,34 @@ def delivering(
     app.start()
     yield app, tenant, Client(app)
     app.stop(timeout=5)
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 60.0, what: str = "it") -> Any:
+    """Poll ``condition`` until it is true (and return what it gave), or fail naming ``what``:
+    a test waits for what it expects to see, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = condition()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def delivery_caught_up(client: Client, tenant: Tenant, sink: SmtpSink) -> str:
+    """Send one more email, due now, and wait for it at the sink: the positive sign that
+    delivery has looked since everything due before it was due (it claims in due order), after
+    which a test may say what was *not* sent. Its id (the sink has its message)."""
+    sent = client.post(
+        "/v1/emails", json=email_body(to="marker@example.org"), headers=tenant.headers
+    )
+    assert sent.status_code == 200, sent.get_json()
+    email_id = sent.get_json()["id"]
+    deadline = time.monotonic() + 15
+    while not any(m.message_id == f"<{email_id}@{VERIFIED}>" for m in sink.messages):
+        assert time.monotonic() < deadline, "the marker email never arrived"
+        time.sleep(0.01)
+    return email_id
 
 
 def run_cli(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -41,6 +41,30 @@ def request(
         connection.close()
 
 
+def sockets_of(pid: int) -> int:
+    """Sockets open in process ``pid`` and its children (a connection it has accepted)."""
+    pids = [pid] + [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent(int(entry.name)) == pid
+    ]
+    count = 0
+    for one in pids:
+        try:
+            links = [os.readlink(entry) for entry in Path(f"/proc/{one}/fd").iterdir()]
+        except OSError:
+            continue
+        count += sum(link.startswith("socket:") for link in links)
+    return count
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(proc_stat(pid)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class Gunicorn:
     """``gunicorn -c gunicorn.conf.py -w N -b 127.0.0.1:PORT`` with ``MAILSVC_*`` settings."""
 
@@ -114,6 +138,22 @@ class Gunicorn:
                     children.append(int(entry.name))
         return children
 
+    def sockets(self) -> int:
+        """Sockets the server's processes hold open: a connection counts once it is accepted."""
+        assert self.process is not None
+        return sockets_of(self.process.pid)
+
+    def gauge(self, name: str, token: str) -> float:
+        """A metric's value, as ``GET /metrics`` (with ``MAILSVC_METRICS_TOKEN=token``) says."""
+        status, text = request(
+            self.port, "GET", "/metrics", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert status == 200, text
+        for line in text.decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     def kill_all(self) -> str:
         """``kill -9`` the master and every worker at once; returns what it wrote once all of
         them are dead (their connections closed by the kernel)."""
@@ -172,6 +212,11 @@ class Nginx:
             f" include {folder}/site.conf;\n}}\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
+
+    def sockets(self) -> int:
+        """Sockets nginx's processes hold open: a connection counts once it is accepted."""
+        assert self.process is not None
+        return sockets_of(self.process.pid)
 
     def start(self) -> Nginx:
         self.process = subprocess.Popen(

@@ -13,20 +13,12 @@ from werkzeug.test import Client
 from mailsvc import create_app
 from mailsvc.store import EmailFilter
 
-from .conftest import VERIFIED, count_by_status, email_body, make_tenant
+from .conftest import VERIFIED, count_by_status, email_body, make_tenant, wait_until
 from .servers import Gunicorn, free_port
 from .smtp_sink import SmtpSink
 from .test_delivery import post, wait_status
 
 pytestmark = pytest.mark.slow
-
-
-def wait_until(condition, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def settled(db):
@@ -135,7 +127,8 @@ def test_relay_down_does_not_slow_the_api_and_the_backlog_drains(config, clock):
         latencies = timed_posts(client, tenant, 40)
         # An accept takes milliseconds; a relay that blocked the API would take seconds.
         assert max(latencies) < 0.25, max(latencies)
-        time.sleep(1.0)  # five polls (0.2 s) with the relay down
+        looked = app.delivery.claims
+        wait_until(lambda: app.delivery.claims >= looked + 5, 30, "five looks, relay down")
         # Once the relay is known down, delivery holds back: one email a poll tries it (the
         # probe), the rest stay queued, not attempted and deferred one by one.
         statuses = count_by_status(app.store)
@@ -170,7 +163,9 @@ def test_only_what_the_outage_deferred_is_due_again_when_the_relay_is_back(confi
         unreached = post(client, tenant, to=["later@example.org"])
         wait_status(client, tenant, unreached, "deferred")  # the relay was not reached
         assert app.store.reads.get_email(tenant.id, unreached).due_at > clock() + 30
-        time.sleep(1.0)  # five polls with nothing due: a probe that finds no email is not spent
+        # Five looks with nothing due: a probe that finds no email is not spent.
+        looked = app.delivery.claims
+        wait_until(lambda: app.delivery.claims >= looked + 5, 30, "five looks")
         relay = SmtpSink(port=port).start()  # back, and answering everyone now
         fresh = post(client, tenant, to=["new@example.org"])  # its attempt finds the relay
         wait_status(client, tenant, unreached, "sent")
@@ -194,7 +189,7 @@ def test_slow_relay_does_not_slow_the_api(config, clock, sink):
     tenant, client = make_tenant(app), Client(app)
     app.start()
     try:
-        time.sleep(0.1)
+        wait_until(lambda: app.delivery.claims >= 1, 30, "delivery's first look")
         latencies = timed_posts(client, tenant, 30)
         assert max(latencies) < 0.25, max(latencies)
         assert count_by_status(app.store).get("sent", 0) == 0  # the relay really is slow

@@ -11,7 +11,7 @@ from werkzeug.test import Client
 from mailsvc import create_app
 from mailsvc.mail.message import build_message
 
-from .conftest import VERIFIED, email_body, make_tenant
+from .conftest import VERIFIED, email_body, make_tenant, wait_until
 
 
 @pytest.fixture
@@ -148,7 +148,8 @@ def test_new_email_wakes_delivery_at_once(config, clock, sink):
     tenant, client = make_tenant(app), Client(app)
     app.start()
     try:
-        time.sleep(0.2)  # the threads found nothing and sleep for 30 s
+        # The threads have looked, found nothing, and sleep for 30 s.
+        wait_until(lambda: app.delivery.claims >= 1, what="the first look")
         started = time.monotonic()
         post(client, tenant)
         sink.wait_for(1, timeout=5)
@@ -229,9 +230,10 @@ def test_a_transaction_longer_than_a_lease_is_not_taken_over(config, sink):
     second.start()
     try:
         shown = wait_status(client, tenant, email_id, "sent", timeout=15)
-        time.sleep(2.0)  # time enough for a take-over to have sent it again
     finally:
-        first.stop(timeout=5)
-        second.stop(timeout=5)
+        # A graceful stop waits for the transactions in flight: a take-over's, had there been
+        # one, has reached the sink by then.
+        first.stop(timeout=15)
+        second.stop(timeout=15)
     assert [m.message_id for m in sink.messages] == [f"<{email_id}@{VERIFIED}>"]
     assert shown["attempts"] == 1

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .servers import ROOT, free_port, request
+from .conftest import wait_until
+from .servers import ROOT, free_port, proc_stat, request
 
 DEPLOY = ROOT / "mailsvc" / "deploy"
 VENV_BIN = Path(sys.executable).parent
@@ -38,6 +39,19 @@ def here(text: str, folder: Path) -> str:
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not here")
+def children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (gunicorn's workers)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int(proc_stat(int(entry.name))[1]) == pid:
+                    found.add(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
 def test_systemd_accepts_the_unit(tmp_path):
     unit = tmp_path / "mailsvc.service"
     unit.write_text(here((DEPLOY / "mailsvc.service").read_text(), tmp_path))
@@ -84,8 +98,10 @@ def test_the_unit_runs_the_service_as_systemd_would(tmp_path):
             time.sleep(0.1)
         assert body["status"] == "ready"
         assert (tmp_path / "var" / "mailsvc.sqlite3").exists()  # where the env file says
-        service.send_signal(signal.SIGHUP)  # ExecReload
-        time.sleep(2)
+        old = children(service.pid)
+        service.send_signal(signal.SIGHUP)  # ExecReload: new workers, the old ones finish
+        wait_until(lambda: children(service.pid) and not children(service.pid) & old, 30,
+                   "new workers")  # fmt: skip
         assert request(port, "GET", "/healthz")[0] == 200
         started = time.monotonic()
         service.send_signal(signal.SIGTERM)  # systemctl stop

@@ -20,7 +20,7 @@ from werkzeug.test import Client
 from mailsvc import create_app
 from mailsvc.store import EmailFilter
 
-from .conftest import assert_error, email_body, make_tenant
+from .conftest import assert_error, email_body, make_tenant, wait_until
 from .test_delivery import wait_status
 
 SIZE_MB = 48
@@ -182,7 +182,13 @@ def test_a_full_outbox_defers_mail_said_once_and_delivers_it_with_room(
         for email_id in ids:
             shown = wait_status(client, tenant, email_id, "deferred")
             assert "the local outbox could not be written: No space left" in shown["lastError"]
-        time.sleep(0.5)  # several more attempts, each refused
+        wait_until(
+            lambda: all(
+                client.get(f"/v1/emails/{i}", headers=tenant.headers).get_json()["attempts"] >= 3
+                for i in ids
+            ),
+            what="more attempts, each refused",
+        )
         filler.unlink()
         for email_id in ids:
             wait_status(client, tenant, email_id, "sent")

@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from mailsvc import create_app
-from mailsvc.openapi import build
+from mailsvc.http.openapi import build
 from mailsvc.routes import URL_MAP
 
 from .conftest import make_tenant

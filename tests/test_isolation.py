@@ -11,7 +11,7 @@ import pytest
 
 from mailsvc import operator
 
-from .conftest import VERIFIED, email_body
+from .conftest import VERIFIED, email_body, wait_until
 from .servers import Gunicorn, request
 from .test_pipeline import REPEATED, SPIN
 
@@ -54,7 +54,8 @@ def test_the_most_expensive_requests_of_one_account_hold_up_no_other(served_tena
         attackers = [threading.Thread(target=attack, args=(n,)) for n in range(8)]
         for thread in attackers:
             thread.start()
-        time.sleep(1.0)  # the attack is in full swing
+        # The attack is in full swing: every attacker has been answered at least once.
+        wait_until(lambda: len(attacks) >= 2 * len(attackers), 60, "the attack")
         waited: list[tuple[float, str, int]] = []
         for _ in range(8):
             for method, url, body in [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from mailsvc.keyring import KEYS, Keyring
+from mailsvc.store.keyring import KEYS, Keyring
 
 
 def test_threads_that_need_the_keys_at_once_make_each_key_once(open_test_store):

@@ -14,7 +14,7 @@ import pytest
 
 from mailsvc import operator
 
-from .conftest import VERIFIED, email_body
+from .conftest import VERIFIED, email_body, wait_until
 from .servers import Gunicorn, request
 
 pytestmark = pytest.mark.slow
@@ -26,17 +26,23 @@ BIG = json.dumps(
 ).encode()
 
 
+TOKEN = "metrics-token-of-the-test"
+IN_PROGRESS = "mailsvc_large_bodies_in_progress"
+
+
 @contextmanager
-def half_sent(port: int, headers: dict[str, str]) -> Iterator[None]:
+def half_sent(server: Gunicorn, headers: dict[str, str]) -> Iterator[None]:
     """A large send whose body is half sent while the block runs: it holds its place."""
-    with socket.create_connection(("127.0.0.1", port)) as connection:
+    before = server.gauge(IN_PROGRESS, TOKEN)
+    with socket.create_connection(("127.0.0.1", server.port)) as connection:
         lines = [f"{name}: {value}" for name, value in headers.items()]
         head = (
             "POST /v1/emails HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(BIG)}\r\n" + "".join(line + "\r\n" for line in lines) + "\r\n"
         )
         connection.sendall(head.encode() + BIG[: len(BIG) // 2])
-        time.sleep(0.3)  # the worker has begun to read it
+        # The worker has given it a place and begun to read it.
+        wait_until(lambda: server.gauge(IN_PROGRESS, TOKEN) > before, 30, "its place")
         yield
 
 
@@ -68,14 +74,18 @@ def test_large_bodies_take_places_per_account_and_per_process(served_tenant):
     database, store, _, first = served_tenant
     second = tenant_headers(store, "second")
     third = tenant_headers(store, "third")
-    env = {"MAILSVC_DATABASE": database, "MAILSVC_LARGE_BODIES_PER_PROCESS": "4"}
+    env = {
+        "MAILSVC_DATABASE": database,
+        "MAILSVC_LARGE_BODIES_PER_PROCESS": "4",
+        "MAILSVC_METRICS_TOKEN": TOKEN,
+    }
     server = Gunicorn(env, workers=1).start()
     try:
         port = server.port
         small = json.dumps(email_body()).encode()
         with ExitStack() as held:
-            held.enter_context(half_sent(port, first))
-            held.enter_context(half_sent(port, first))
+            held.enter_context(half_sent(server, first))
+            held.enter_context(half_sent(server, first))
             # The account's two places are taken: its third large body is refused at once ...
             status, answer, elapsed = send(port, first, BIG)
             assert status == 429 and answer["retryAfter"] == "1", answer
@@ -84,8 +94,8 @@ def test_large_bodies_take_places_per_account_and_per_process(served_tenant):
             # ... its small sends are not held back, nor is another account's large one.
             assert send(port, first, small)[0] == 200
             assert send(port, second, BIG.replace(VERIFIED.encode(), b"second.test"))[0] == 200
-            held.enter_context(half_sent(port, second))
-            held.enter_context(half_sent(port, second))
+            held.enter_context(half_sent(server, second))
+            held.enter_context(half_sent(server, second))
             # Four large bodies in the process: a third account's is refused, 503, at once.
             status, answer, _ = send(port, third, BIG.replace(VERIFIED.encode(), b"third.test"))
             assert status == 503 and answer["retryAfter"] == "1", answer
@@ -93,7 +103,7 @@ def test_large_bodies_take_places_per_account_and_per_process(served_tenant):
             third_small = small.replace(VERIFIED.encode(), b"third.test")
             assert send(port, third, third_small)[0] == 200
         # Places are given back when their requests end, however they end.
-        time.sleep(0.5)
+        wait_until(lambda: server.gauge(IN_PROGRESS, TOKEN) == 0, 30, "the places back")
         status, answer, _ = send(port, first, BIG)
         assert status == 200, answer
         assert request(port, "GET", "/v1/account", headers=first)[0] == 200

@@ -101,8 +101,8 @@ def test_filters_by_status(config, clock, sink):
 
 
 def test_every_email_status_can_be_listed_by():
+    from mailsvc.http.validation import load_schema_files
     from mailsvc.statuses import EMAIL_STATUSES
-    from mailsvc.validation import load_schema_files
 
     allowed = load_schema_files()["list_emails"]["properties"]["status"]["enum"]
     assert allowed == list(EMAIL_STATUSES)

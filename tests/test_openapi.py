@@ -16,8 +16,10 @@ import pytest
 from openapi_spec_validator import validate
 from werkzeug.test import Client
 
-from mailsvc import create_app, inputs, operator
-from mailsvc.openapi import build, route_template
+from mailsvc import create_app, operator
+from mailsvc.http import inputs
+from mailsvc.http.openapi import build, route_template
+from mailsvc.ops.version import installed
 from mailsvc.routes import URL_MAP
 from mailsvc.timestamps import iso_time
 
@@ -237,7 +239,7 @@ def produce(
             method, url, environ_overrides=slow, content_type="application/json"
         ).status_code
     if status == 503:  # the process has no room left for another large body
-        places = world.app.services.large_bodies
+        places = world.app.deps.large_bodies
         large = {"CONTENT_LENGTH": "3000"}
         held = [places.place(f"acc_elsewhere_{n}", large) for n in range(places.per_process)]
         for place in held:
@@ -268,8 +270,10 @@ def test_the_document_is_built_and_encoded_once(app, monkeypatch):
 
     built = []
     real = mailsvc.app.build_openapi
-    monkeypatch.setattr(mailsvc.app, "build_openapi", lambda m: built.append(m) or real(m))
+    monkeypatch.setattr(
+        mailsvc.app, "build_openapi", lambda *args: built.append(args) or real(*args)
+    )
     client = Client(app)
     answers = [client.get("/v1/openapi.json").get_data() for _ in range(10)]
     assert len(built) == 1 and len(set(answers)) == 1
-    assert json.loads(answers[0]) == build(URL_MAP)
+    assert json.loads(answers[0]) == build(URL_MAP, installed())

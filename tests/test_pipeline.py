@@ -9,16 +9,17 @@ import json
 import threading
 import time
 
+from prometheus_client import REGISTRY
 from werkzeug.routing import Map, Rule
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
-from mailsvc.changes import Change
+from mailsvc.api.change import Change
 from mailsvc.errors import ValidationFailed
-from mailsvc.ratelimit import OTHER
-from mailsvc.routes import URL_MAP, Endpoint
+from mailsvc.http.endpoints import OTHER, Endpoint
+from mailsvc.routes import URL_MAP
 
-from .conftest import assert_error, email_body, make_tenant, stored_bytes
+from .conftest import assert_error, email_body, make_tenant, stored_bytes, wait_until
 
 SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 CONSTANT_BOMB = "{{ (7**(10**8)) % 10 }}"
@@ -114,7 +115,8 @@ def test_a_render_at_its_cpu_limit_holds_up_no_other_account(config, clock):
 
     spinning = threading.Thread(target=spin)
     spinning.start()
-    time.sleep(0.5)  # the render is under way
+    renders = "mailsvc_template_renders_in_progress"
+    wait_until(lambda: REGISTRY.get_sample_value(renders) == 1, 30, "the render under way")
     waited = []
     for method, path, body in [
         ("POST", "/v1/emails", email_body(from_="a@other.test")),
@@ -137,7 +139,7 @@ def test_a_write_refused_after_writing_leaves_no_row_but_keeps_its_token(config,
     app = create_app(config, clock=clock)
     tenant = make_tenant(app)
 
-    def half_done(reads, principal, services):
+    def half_done(reads, principal, deps):
         def apply(tx):
             tx.create_template("tpl_half", principal.account_id, "half", None, None, "x", clock())
             tx.add_credits(principal.account_id, 500)
@@ -192,7 +194,7 @@ def test_a_write_that_loses_the_last_token_to_a_race_is_429_and_leaves_nothing(c
     app = create_app(config, clock=clock)
     tenant = make_tenant(app)
 
-    def racer(reads, principal, services):
+    def racer(reads, principal, deps):
         # While this request prepares, other requests take every token left.
         now = clock()
         app.store.write(

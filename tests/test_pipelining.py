@@ -6,7 +6,8 @@ against the same sink and must give the same replies."""
 
 from __future__ import annotations
 
-import time
+import select
+import socket
 from typing import NamedTuple
 
 import pytest
@@ -170,7 +171,9 @@ def test_a_kept_connection_the_relay_closed_is_opened_again(relay, sink):
     relay, offered = relay
     assert replies_of(relay, ["a@example.org"]) == [(250, "2.0.0 queued")]
     sink.hang_up()
-    time.sleep(0.2)  # the relay's close reaches this end
+    # The relay's close has reached this end: the kept connection reads as ended.
+    kept = relay._connection.sock
+    assert select.select([kept], [], [], 10)[0] and kept.recv(1, socket.MSG_PEEK) == b""
     assert replies_of(relay, ["b@example.org"], lambda utf8: message(2)) == [(250, "2.0.0 queued")]
     assert [m.recipients for m in sink.messages] == [["a@example.org"], ["b@example.org"]]
     assert sink.connections == 2

@@ -20,9 +20,16 @@ from mailsvc.store import SqliteStore, open_store
 from mailsvc.store.postgres import PostgresStore
 from mailsvc.timestamps import iso_time
 
-from .conftest import VERIFIED, count_by_status, email_body, make_tenant, run_cli
+from .conftest import (
+    VERIFIED,
+    count_by_status,
+    delivery_caught_up,
+    email_body,
+    make_tenant,
+    run_cli,
+    wait_until,
+)
 from .servers import ROOT, Gunicorn, request
-from .test_crash_safety import wait_until
 
 pytestmark = pytest.mark.postgres_only
 
@@ -96,7 +103,8 @@ def test_new_mail_wakes_delivery_on_another_host_at_once(config, clock, sink):
     tenant = make_tenant(accepting)
     delivering.start()
     try:
-        time.sleep(0.5)  # the delivering host has polled once and now waits
+        # The delivering host has looked once, found nothing, and now waits.
+        wait_until(lambda: delivering.delivery.claims >= 1, what="the first look")
         started = time.monotonic()
         answer = Client(accepting).post("/v1/emails", json=email_body(), headers=tenant.headers)
         assert answer.status_code == 200
@@ -174,12 +182,15 @@ def test_migrate_data_moves_everything_and_queued_mail_is_delivered_once(
             )
         new.start()
         sink.wait_for(5, timeout=20)
-        time.sleep(1.0)  # a second delivery would arrive now, and the scheduled one is not due
+        # Delivery has looked since (the marker, due after them all, has arrived): no second
+        # delivery of any, and the scheduled one is not due.
+        marker = delivery_caught_up(moved_client, tenant, sink)
         received = Counter(message.message_id for message in sink.messages)
-        assert received == Counter({f"<{email_id}@{VERIFIED}>": 1 for email_id in queued})
+        once = {f"<{email_id}@{VERIFIED}>": 1 for email_id in [*queued, marker]}
+        assert received == Counter(once)
         clock.advance(3600)
         new.delivery.wake()
-        arrived = sink.wait_for(6, timeout=20)[-1]
+        arrived = sink.wait_for(7, timeout=20)[-1]
         assert arrived.message_id == f"<{rich}@{VERIFIED}>"
         assert sorted(arrived.recipients) == [
             "alice@example.org",

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from mailsvc import strict_json
-from mailsvc.validation import MAX_COLLECTED, Problem, Problems
+from mailsvc.http import strict_json
+from mailsvc.http.validation import MAX_COLLECTED, Problem, Problems
 
 from .conftest import assert_error, email_body
 

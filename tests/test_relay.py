@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 
 import pytest
 import trustme
@@ -150,24 +149,28 @@ def test_check_walks_every_step_of_the_relay_connection(ca, ca_file, tmp_path):
 
 def test_relay_down_holds_claims_back_to_one_probe_until_it_is_reached():
     resumed: list[bool] = []
+    now = [1000.0]  # the health's clock, moved by the test
     health = RelayHealth(
         "smtp://relay.example:25",
         probe_seconds=0.1,
         patience=1.0,
         on_reached=lambda: resumed.append(True),
+        monotonic=lambda: now[0],
     )
     assert health.admits(8) == (8, 0.0)  # reached: everything claimable
     health.failed("refused")
     wanted, ask_again = health.admits(8)
-    assert wanted == 0 and ask_again <= time.monotonic() + 0.1
-    time.sleep(0.15)
+    assert wanted == 0 and ask_again == pytest.approx(1000.1)
+    now[0] += 0.05
+    assert health.admits(8)[0] == 0  # not yet
+    now[0] += 0.1
     assert health.admits(8) == (1, 0.0)  # the probe
-    time.sleep(0.3)
+    now[0] += 0.3
     assert health.admits(8)[0] == 0  # not another while the probe may still answer...
     health.failed("refused")  # ...until it fails: the next one a probe's time later
-    time.sleep(0.15)
+    now[0] += 0.15
     assert health.admits(8) == (1, 0.0)
-    time.sleep(1.2)  # this probe never answers: after the patience, another
+    now[0] += 1.2  # this probe never answers: after the patience, another
     assert health.admits(8) == (1, 0.0)
     health.unused(1)  # it found no email to try the relay with: the next claim may probe
     assert health.admits(8) == (1, 0.0)

@@ -12,7 +12,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
-from mailsvc.retention import Purger
+from mailsvc.ops.retention import Purger
 from mailsvc.timestamps import iso_time
 
 from .conftest import count_by_status, email_body, make_tenant

@@ -13,7 +13,15 @@ from werkzeug.test import Client
 from mailsvc import create_app
 from mailsvc.timestamps import iso_time
 
-from .conftest import assert_error, count_by_status, email_body, make_tenant
+from .conftest import (
+    VERIFIED,
+    assert_error,
+    count_by_status,
+    delivery_caught_up,
+    email_body,
+    make_tenant,
+    wait_until,
+)
 from .test_delivery import post, wait_status
 
 
@@ -36,7 +44,9 @@ def test_a_scheduled_email_is_sent_at_its_time_without_polling_for_it(config, cl
     try:
         tenant, client = make_tenant(app), Client(app)
         app.start()
-        time.sleep(0.3)  # the claimer has looked once, found nothing, and sleeps
+        wait_until(
+            lambda: app.delivery.claims >= 1, what="the claimer's first look"
+        )  # it now sleeps
         due = time.time() + 1.5
         response = client.post(
             "/v1/emails", json=email_body(scheduledAt=at(due)), headers=tenant.headers
@@ -114,12 +124,13 @@ def test_cancel_gives_the_credit_back_and_nothing_is_sent(delivering, sink, cloc
         ("scheduled", None),
         ("canceled", 3),
     ]
-    clock.advance(7200)
-    time.sleep(0.6)  # three polls of the claimer
-    assert sink.messages == [] and shown(client, tenant, email_id)["status"] == "canceled"
+    clock.advance(7200)  # past its time: had it not been canceled, it would be due first
+    marker = delivery_caught_up(client, tenant, sink)
+    assert [m.message_id for m in sink.messages] == [f"<{marker}@{VERIFIED}>"]
+    assert shown(client, tenant, email_id)["status"] == "canceled"
     again = client.post(f"/v1/emails/{email_id}/cancel", headers=tenant.headers)
     assert_error(again, 400, f"email {email_id}: it is canceled; only a scheduled email can be")
-    assert credits(app, tenant) == before
+    assert credits(app, tenant) == before - 1  # the marker's credit only
 
 
 def test_only_a_scheduled_email_of_ones_own_can_be_canceled(delivering, sink):
@@ -152,9 +163,10 @@ def test_a_scheduled_email_moves_while_it_is_still_scheduled(delivering, sink, c
         "scheduledAt": at(start + 7200),
     }
     clock.advance(5400)  # past the first time, before the second
-    time.sleep(0.6)
+    marker = delivery_caught_up(client, tenant, sink)
     moved = shown(client, tenant, email_id)
-    assert sink.messages == [] and moved["status"] == "scheduled"
+    assert [m.message_id for m in sink.messages] == [f"<{marker}@{VERIFIED}>"]
+    assert moved["status"] == "scheduled"
     assert moved["scheduledAt"] == at(start + 7200)
     assert [(e["type"], e.get("scheduledAt")) for e in moved["events"]] == [
         ("scheduled", None),
@@ -162,7 +174,7 @@ def test_a_scheduled_email_moves_while_it_is_still_scheduled(delivering, sink, c
     ]
     clock.advance(1800)
     sent = wait_status(client, tenant, email_id, "sent")
-    [received] = sink.wait_for(1)
+    _marker, received = sink.wait_for(2)
     assert received.message_id == f"<{email_id}@verified.test>"
     assert [e["type"] for e in sent["events"]] == ["scheduled", "rescheduled", "attempt", "sent"]
     late = client.patch(

@@ -10,7 +10,7 @@ import pytest
 
 from mailsvc.settings import SETTINGS, SettingsError, load_settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATING = Path(__file__).resolve().parent.parent / "docs" / "operating.md"
 
 
 def test_defaults():
@@ -53,9 +53,9 @@ def test_bad_values_are_refused(environ, overrides, message):
         load_settings(overrides, environ=environ)
 
 
-def test_readme_documents_every_setting_with_its_default():
+def test_the_operating_document_lists_every_setting_with_its_default():
     rows = re.findall(
-        r"^\| `(MAILSVC_[A-Z_]+)` \| (`[^`]*`|\(none\)) \| \S", README.read_text(), re.MULTILINE
+        r"^\| `(MAILSVC_[A-Z_]+)` \| (`[^`]*`|\(none\)) \| \S", OPERATING.read_text(), re.MULTILINE
     )
     documented = dict(rows)
     assert set(documented) == {setting.env_name for setting in SETTINGS}

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from .conftest import VERIFIED, email_body
+from .conftest import VERIFIED, email_body, wait_until
 from .servers import Gunicorn, Nginx, request
 
 pytestmark = pytest.mark.slow
@@ -26,9 +26,11 @@ needs_nginx = pytest.mark.skipif(
 
 
 @contextmanager
-def hostile_clients(port: int, slow: int, idle: int) -> Iterator[None]:
+def hostile_clients(server: Gunicorn | Nginx, slow: int, idle: int) -> Iterator[None]:
     """``slow`` connections sending their headers a byte every 0.3 s, ``idle`` ones that send
-    nothing, for as long as the block runs."""
+    nothing, to ``server``, for as long as the block runs."""
+    port = server.port
+    before = server.sockets()
     stop = threading.Event()
     opened: list[socket.socket] = []
 
@@ -50,7 +52,8 @@ def hostile_clients(port: int, slow: int, idle: int) -> Iterator[None]:
             threads.append(threading.Thread(target=trickle, args=(connection,), daemon=True))
     for thread in threads:
         thread.start()
-    time.sleep(1.0)  # every hostile connection is in before the normal requests come
+    # Every hostile connection is in (accepted by the server) before the normal requests come.
+    wait_until(lambda: server.sockets() >= before + slow + idle, 30, "the hostile connections")
     try:
         yield
     finally:
@@ -71,7 +74,7 @@ def test_a_dozen_slow_and_a_dozen_idle_clients_leave_the_bare_deployment_answeri
     path, _, _, headers = served_tenant
     server = Gunicorn({"MAILSVC_DATABASE": path}, workers=2).start()
     try:
-        with hostile_clients(server.port, slow=12, idle=12):
+        with hostile_clients(server, slow=12, idle=12):
             answers = [timed(server.port, "GET", "/v1/account", headers=headers) for _ in range(10)]
             answers += [
                 timed(server.port, "POST", "/v1/emails", email_body(), headers) for _ in range(5)
@@ -105,7 +108,7 @@ def test_behind_nginx_slow_clients_never_reach_gunicorn(served_tenant, tmp_path)
     # Two threads in all: without nginx, two slow clients would stop everything.
     settings = {"MAILSVC_DATABASE": path, "MAILSVC_THREADS": "1"}
     with behind_nginx(settings, 2, tmp_path / "nginx") as (_, proxy):
-        with hostile_clients(proxy.port, slow=40, idle=40):
+        with hostile_clients(proxy, slow=40, idle=40):
             answers = [timed(proxy.port, "GET", "/v1/account", headers=headers) for _ in range(10)]
             answers += [
                 timed(proxy.port, "POST", "/v1/emails", email_body(), headers) for _ in range(5)
@@ -193,6 +196,7 @@ def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_
         "MAILSVC_DATABASE": path,
         "MAILSVC_LARGE_BODIES_PER_PROCESS": "2",
         "MAILSVC_BODY_MIN_BYTES_PER_SECOND": "1024",
+        "MAILSVC_METRICS_TOKEN": "t0ken-of-the-test",
     }
     server = Gunicorn(settings, workers=1).start()
     stop = threading.Event()
@@ -207,7 +211,9 @@ def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_
         ]
         for thread in tricklers:
             thread.start()
-        time.sleep(1.5)  # both are in, each holding a place
+        # Both are in, each holding a place.
+        gauge = "mailsvc_large_bodies_in_progress"
+        wait_until(lambda: server.gauge(gauge, "t0ken-of-the-test") == 2, 30, "two places held")
         files = email_body(
             from_="a@other.test",
             attachments=[{"filename": "r.pdf", "content": base64.b64encode(b"x" * 2**20).decode()}],

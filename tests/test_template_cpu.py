@@ -10,7 +10,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
-from mailsvc.template_cpu import GROUP
+from mailsvc.limits.template_cpu import GROUP
 
 from .conftest import assert_error, email_body, make_tenant
 from .test_pipeline import SPIN

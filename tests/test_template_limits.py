@@ -10,8 +10,8 @@ import time
 
 import pytest
 
+from mailsvc.limits.render_budget import Budget, RenderLimit, cpu_now
 from mailsvc.mail import rendering, sandbox
-from mailsvc.mail.budget import Budget, RenderLimit, cpu_now
 from mailsvc.mail.rendering import TemplateLimits, check_template, render
 
 from .conftest import assert_error, email_body

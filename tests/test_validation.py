@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mailsvc.validation import Schemas, load_schema_files
+from mailsvc.http.validation import Schemas, load_schema_files
 
 from .conftest import email_body
 

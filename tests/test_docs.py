@@ -1,0 +1,190 @@
+"""The README and docs/ keep their promises: every command block a user would paste runs, as it
+is written, against a real server (or says, in a comment above it, why it is not run); the
+README's install-and-run command works in a fresh copy of the repository, and its walkthrough
+then sends a real email; the routes the API document lists are the routes there are.
+
+The only changes made to a block before it runs: the server's address where it says
+``http://127.0.0.1:8000``, and ``curl`` made to fail on an HTTP error, so that a block that
+stops working fails here. Blocks of one document run in order in one shell, as a reader pastes
+them; ``.venv`` is the test's own environment, except for the README's, which makes its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .dns_server import DnsServer
+from .servers import ROOT, Gunicorn, free_port, request
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+_BLOCK = re.compile(r"(?:<!-- (?P<note>[^>]*) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```", re.S)
+#: What runs a document's blocks: a document not named here must mark every block not run.
+SESSIONS = ("api.md", "bounces-and-webhooks.md", "delivery.md", "operating.md")
+_PRELUDE = 'set -euo pipefail\ncurl() { command curl --fail-with-body "$@"; }\n'
+
+
+def blocks(path: Path) -> list[tuple[str, str]]:
+    """The command blocks (``sh``) of a document, each with the note above it, if any."""
+    return [
+        (match["note"] or "", match["code"])
+        for match in _BLOCK.finditer(path.read_text())
+        if match["lang"] == "sh"
+    ]
+
+
+def runnable(path: Path) -> str:
+    return "\n".join(code for note, code in blocks(path) if not note.startswith("not run"))
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
+def test_every_command_block_is_run_or_says_why_not(path):
+    for note, code in blocks(path):
+        if note.startswith("not run"):
+            assert len(note.removeprefix("not run:").strip()) > 10, f"{path.name}: why not?"
+        else:
+            assert path.name in (*SESSIONS, "README.md"), (
+                f"{path.name} has a command block no test runs: {code[:80]!r}"
+            )
+
+
+def routes_table() -> str:
+    """The routes table of docs/api.md, as the routing table says it."""
+    from mailsvc.http.openapi import route_template
+    from mailsvc.routes import URL_MAP
+
+    rows = ["| method | path | what it does | rate-limit group |", "|---|---|---|---|"]
+    for rule in URL_MAP.iter_rules():
+        endpoint = rule.endpoint
+        group = "none: no key" if endpoint.public else endpoint.rate_group
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            rows.append(f"| `{method}` | `{route_template(rule)}` | {endpoint.summary} | {group} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_api_documents_every_route_as_the_routing_table_has_it():
+    text = (ROOT / "docs" / "api.md").read_text()
+    table = text.split("<!-- routes -->\n")[1].split("<!-- /routes -->")[0]
+    assert table == routes_table(), "docs/api.md's routes table should be:\n" + routes_table()
+
+
+# -- running them ------------------------------------------------------------------------------
+
+
+def _shell(script: str, cwd: Path, env: dict[str, str], url: str) -> subprocess.CompletedProcess:
+    script = script.replace("http://127.0.0.1:8000", url)
+    done = subprocess.run(
+        ["bash", "-c", _PRELUDE + script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    return done
+
+
+@pytest.fixture
+def served_docs(tmp_path: Path) -> Iterator[tuple[Gunicorn, Path, dict[str, str]]]:
+    """A server on a store of its own, a folder whose ``.venv`` is this test run's, and the
+    environment the documents' commands run in (a DNS server of the test's own, so that no
+    look-up leaves the machine; webhooks allowed to this machine, where nothing listens)."""
+    dns = DnsServer().start()
+    dns.resolve("app.example.com", "127.0.0.1")
+    folder = tmp_path / "reader"
+    (folder / "var").mkdir(parents=True)
+    (folder / ".venv").symlink_to(sys.prefix)
+    env = {
+        **os.environ,
+        "MAILSVC_DATABASE": str(folder / "var" / "mailsvc.sqlite3"),
+        "MAILSVC_OUTBOX": str(folder / "var" / "outbox"),
+        "MAILSVC_DNS_SERVERS": dns.address,
+        "MAILSVC_DNS_TIMEOUT_SECONDS": "1",
+        "MAILSVC_WEBHOOK_ALLOW_PRIVATE": "true",
+        "MAILSVC_STORE_MIN_FREE_MB": "0",
+    }
+    server = Gunicorn(env, workers=1).start()
+    try:
+        yield server, folder, env
+    finally:
+        server.stop()
+        dns.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["api.md", "bounces-and-webhooks.md"])
+def test_a_documents_examples_run_in_order_against_a_server(served_docs, name):
+    server, folder, env = served_docs
+    done = _shell(runnable(ROOT / "docs" / name), folder, env, f"http://127.0.0.1:{server.port}")
+    assert '"status": "queued"' in done.stdout or name != "api.md", done.stdout
+
+
+@pytest.mark.slow
+def test_delivery_and_operating_examples_run_on_a_live_servers_store(served_docs):
+    server, folder, env = served_docs
+    url = f"http://127.0.0.1:{server.port}"
+    setup = (
+        "json() { python3 -c \"import json,sys; print(json.load(sys.stdin)['$1'])\"; }\n"
+        "ACCOUNT=$(.venv/bin/mailsvc accounts create --name Acme --credits 10 | json id)\n"
+        ".venv/bin/mailsvc domains add --account $ACCOUNT --verified acme.example\n"
+    )
+    shown = _shell(setup + runnable(ROOT / "docs" / "delivery.md"), folder, env, url)
+    assert '"selector": "ms' in shown.stdout and "v=DKIM1; k=rsa; p=" in shown.stdout
+    copied = _shell(runnable(ROOT / "docs" / "operating.md"), folder, env, url)
+    assert '"integrity": "ok"' in copied.stdout
+    [backup] = (folder / "var").glob("backup-*.sqlite3")
+    assert backup.stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
+    """As a new user would: a fresh copy of the repository, the README's install-and-run
+    command (its own virtual environment), then its walkthrough from a second shell."""
+    copy = tmp_path / "mailsvc"
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = ROOT / name.decode()
+        if source.is_file():
+            (copy / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name.decode())
+    [(_, install), _, (_, walkthrough)] = blocks(ROOT / "README.md")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILSVC_")}
+    env["MAILSVC_BIND"] = f"127.0.0.1:{port}"
+    log = (tmp_path / "server.log").open("w")
+    server = subprocess.Popen(
+        ["bash", "-c", install], cwd=copy, env=env, stdout=log, stderr=log,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                if request(port, "GET", "/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            time.sleep(0.5)
+        done = _shell(walkthrough, copy, env, f"http://127.0.0.1:{port}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # (it may have ended on its own)
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+        log.close()
+    assert '"status": "sent"' in done.stdout, done.stdout
+    assert len(list((copy / "var" / "outbox" / "new").iterdir())) == 1
