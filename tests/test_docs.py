@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -43,8 +45,14 @@ def blocks(path: Path) -> list[tuple[str, str]]:
     ]
 
 
-def runnable(path: Path) -> str:
-    return "\n".join(code for note, code in blocks(path) if not note.startswith("not run"))
+def runnable(path: Path, but: str = "") -> str:
+    """A document's blocks run in order, but those not run and those whose note names ``but``
+    (run by a test of their own)."""
+    return "\n".join(
+        code
+        for note, code in blocks(path)
+        if not note.startswith("not run") and not (but and but in note)
+    )
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
@@ -141,16 +149,14 @@ def test_delivery_and_operating_examples_run_on_a_live_servers_store(served_docs
     )
     shown = _shell(setup + runnable(ROOT / "docs" / "delivery.md"), folder, env, url)
     assert '"selector": "ms' in shown.stdout and "v=DKIM1; k=rsa; p=" in shown.stdout
-    copied = _shell(runnable(ROOT / "docs" / "operating.md"), folder, env, url)
+    copied = _shell(runnable(ROOT / "docs" / "operating.md", but="PostgreSQL"), folder, env, url)
     assert '"integrity": "ok"' in copied.stdout
     [backup] = (folder / "var").glob("backup-*.sqlite3")
     assert backup.stat().st_size > 0
 
 
-@pytest.mark.slow
-def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
-    """As a new user would: a fresh copy of the repository, the README's install-and-run
-    command (its own virtual environment), then its walkthrough from a second shell."""
+def _fresh_copy(tmp_path: Path) -> Path:
+    """The repository as a new user gets it: the files git has, nothing built or installed."""
     copy = tmp_path / "mailsvc"
     files = subprocess.run(
         ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
@@ -160,31 +166,80 @@ def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
         if source.is_file():
             (copy / name.decode()).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy / name.decode())
-    [(_, install), _, (_, walkthrough)] = blocks(ROOT / "README.md")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILSVC_")}
-    env["MAILSVC_BIND"] = f"127.0.0.1:{port}"
-    log = (tmp_path / "server.log").open("w")
+    return copy
+
+
+@contextlib.contextmanager
+def _serving(script: str, cwd: Path, env: dict[str, str], port: int) -> Iterator[None]:
+    """Run ``script`` (which installs, then serves on ``port``) until the server is ready;
+    stop all it started when the block ends."""
+    log_path = cwd.parent / "server.log"
+    log = log_path.open("w")
     server = subprocess.Popen(
-        ["bash", "-c", install], cwd=copy, env=env, stdout=log, stderr=log,
-        start_new_session=True,
-    )  # fmt: skip
+        ["bash", "-c", script], cwd=cwd, env=env, stdout=log, stderr=log, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 600
         while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
+            assert server.poll() is None, log_path.read_text()
             try:
                 if request(port, "GET", "/readyz")[0] == 200:
                     break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.5)
-        done = _shell(walkthrough, copy, env, f"http://127.0.0.1:{port}")
+        yield
     finally:
         with contextlib.suppress(ProcessLookupError):  # (it may have ended on its own)
             os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
         log.close()
+
+
+def _new_users_environment(port: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILSVC_")}
+    env["MAILSVC_BIND"] = f"127.0.0.1:{port}"
+    return env
+
+
+@pytest.mark.slow
+def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
+    """As a new user would: a fresh copy of the repository, the README's install-and-run
+    command (its own virtual environment), then its walkthrough from a second shell."""
+    copy = _fresh_copy(tmp_path)
+    [(_, install), _, (_, walkthrough)] = blocks(ROOT / "README.md")
+    port = free_port()
+    env = _new_users_environment(port)
+    with _serving(install, copy, env, port):
+        done = _shell(walkthrough, copy, env, f"http://127.0.0.1:{port}")
     assert '"status": "sent"' in done.stdout, done.stdout
     assert len(list((copy / "var" / "outbox" / "new").iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_the_postgresql_commands_install_the_extra_and_serve_from_the_database(
+    tmp_path, postgres_database
+):
+    """docs/operating.md's PostgreSQL block, in a fresh copy with a virtual environment of its
+    own, on a database this test run made: the server it starts is ready and its schema is
+    in that database."""
+    import psycopg
+
+    [code] = [code for note, code in blocks(ROOT / "docs" / "operating.md") if "PostgreSQL" in note]
+    documented = re.search(r"postgresql://\S+", code)
+    assert documented is not None
+    schema = f"docs_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_database, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    database = f"{postgres_database}?options={quote(f'-c search_path={schema}')}"
+    copy = _fresh_copy(tmp_path)
+    port = free_port()
+    env = _new_users_environment(port)
+    script = "python3 -m venv .venv\n" + code.replace(documented[0], database)
+    with _serving(script, copy, env, port):
+        status, body = request(port, "GET", "/readyz")
+        assert status == 200, body
+    with psycopg.connect(postgres_database) as connection:
+        [(accounts,)] = connection.execute(f"SELECT to_regclass('{schema}.accounts') IS NOT NULL")
+    assert accounts

@@ -299,7 +299,7 @@ def _schema_folder() -> Traversable:
     try:
         return resources.files("mailsvc.schemas")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "schemas"
+        return Path(__file__).resolve().parents[2] / "schemas"
 
 
 def _ordered(errors: list[ValidationError]) -> list[ValidationError]:
