@@ -5,6 +5,7 @@ nor for types only), each room imports only rooms below it, the top level reads 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -179,3 +180,12 @@ def test_the_architecture_documents_layout_table_is_the_tree():
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_each_module_is_in_a_room(name):
     room(name)
+
+
+BENCH = sorted(path.stem for path in (ROOT / "tests" / "bench").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", BENCH)
+def test_each_bench_module_imports_with_this_layout(name):
+    """The bench is run by hand, not by the suite: this catches a move that left it behind."""
+    importlib.import_module(f"tests.bench.{name}")

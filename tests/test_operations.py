@@ -204,13 +204,13 @@ def test_every_answer_of_a_rate_limited_route_says_its_limit(app, client, tenant
 
 
 def test_a_request_id_is_taken_or_made_and_echoed(client, tenant, caplog):
-    with caplog.at_level(logging.INFO, logger="mailsvc.http.access_log"):
+    with caplog.at_level(logging.INFO, logger="mailsvc.access"):
         given = client.get("/v1/account", headers={**tenant.headers, "X-Request-Id": "abc-123"})
         made = client.get("/v1/account", headers={**tenant.headers, "X-Request-Id": "bad id\x7f"})
         sent = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
     assert given.headers["X-Request-Id"] == "abc-123"
     assert made.headers["X-Request-Id"].startswith("req_")
-    lines = [r for r in caplog.records if r.name == "mailsvc.http.access_log"]
+    lines = [r for r in caplog.records if r.name == "mailsvc.access"]
     assert lines[0].request_id == "abc-123" and lines[0].status == 200
     assert lines[0].method == "GET" and lines[0].path == "/v1/account"
     assert lines[0].account == tenant.id and lines[0].duration_ms >= 0
@@ -220,11 +220,11 @@ def test_a_request_id_is_taken_or_made_and_echoed(client, tenant, caplog):
 
 def test_json_lines_carry_their_fields():
     record = logging.LogRecord(
-        "mailsvc.http.access_log", logging.INFO, "", 0, "GET / 200", None, None
+        "mailsvc.access", logging.INFO, "", 0, "GET / 200", None, None
     )
     record.request_id, record.status = "req_1", 200
     line = json.loads(logs.JsonFormatter().format(record))
-    assert line["logger"] == "mailsvc.http.access_log" and line["level"] == "INFO"
+    assert line["logger"] == "mailsvc.access" and line["level"] == "INFO"
     assert (
         line["request_id"] == "req_1" and line["status"] == 200 and line["message"] == "GET / 200"
     )
@@ -240,7 +240,7 @@ def test_configured_lines_are_written_without_looking_up_their_caller(monkeypatc
     seen: list[logging.LogRecord] = []
     logs.configure("json")
     logger.handlers[0].addFilter(lambda record: seen.append(record) or True)  # the test's own
-    logging.getLogger("mailsvc.http.access_log").info("GET / 200", extra={"status": 200})
+    logging.getLogger("mailsvc.access").info("GET / 200", extra={"status": 200})
     assert seen[0].lineno == 0 and seen[0].funcName == "(unknown function)"
     line = json.loads(capsys.readouterr().err)
     assert line["message"] == "GET / 200" and line["status"] == 200
@@ -299,7 +299,7 @@ def test_no_client_can_write_a_line_of_its_own_into_the_log(client, monkeypatch,
     monkeypatch.setattr(logger, "propagate", logger.propagate)
     monkeypatch.setattr(logger, "level", logger.level)
     forged = (
-        "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.http.access_log: POST /v1/api-keys 201 0.1ms"
+        "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.access: POST /v1/api-keys 201 0.1ms"
     )
     for log_format in ("text", "json"):
         logs.configure(log_format)

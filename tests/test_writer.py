@@ -60,7 +60,8 @@ def test_jobs_that_wait_while_one_commits_share_one_transaction(db):
     for caller in callers:
         caller.start()
     deadline = time.monotonic() + 5
-    while db._writer._queue.qsize() < len(callers) and time.monotonic() < deadline:
+    while db._writer._queue.qsize() < len(callers):
+        assert time.monotonic() < deadline, "the callers' jobs never queued behind the holder"
         time.sleep(0.001)
     release.set()
     for thread in (holder, *callers):

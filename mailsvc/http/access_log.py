@@ -18,7 +18,7 @@ from werkzeug.wrappers import Request, Response
 
 from ..ops import metrics
 
-log = logging.getLogger("mailsvc.http.access_log")
+log = logging.getLogger("mailsvc.access")
 
 HEADER = "X-Request-Id"
 #: Set in the WSGI environ by the dispatcher, for the log line and the metrics.
@@ -35,7 +35,7 @@ def request_id(given: str | None) -> str:
 
 
 def record(request: Request, response: Response, started: float, request_id: str) -> None:
-    """Count the request and log its line (at INFO, on ``mailsvc.http.access_log``)."""
+    """Count the request and log its line (at INFO, on ``mailsvc.access``)."""
     environ: dict[str, Any] = request.environ
     seconds = time.perf_counter() - started
     route = environ.get(ROUTE, "unmatched")

@@ -1,7 +1,7 @@
 """Where the server's lines go, and how they read: ``MAILSVC_LOG_FORMAT`` ``text`` or ``json``,
 on standard error, at INFO.
 
-The lines: one per request (``mailsvc.http.access_log``), one per delivery attempt
+The lines: one per request (``mailsvc.access``), one per delivery attempt
 (``mailsvc.delivery``), one when the relay cannot be reached and one when it can again, and
 warnings and errors with their tracebacks. In ``json``, each line is an object with ``time``,
 ``level``, ``logger``, ``message`` and the line's own fields (``method``, ``status``,

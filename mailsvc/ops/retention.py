@@ -21,7 +21,7 @@ from collections.abc import Callable
 from ..ids import new_id
 from ..store import Store, StoreOutage
 
-log = logging.getLogger("mailsvc.ops.retention")
+log = logging.getLogger("mailsvc.retention")
 
 #: Emails purged in one transaction: a few milliseconds of the write lock.
 BATCH = 200

@@ -35,7 +35,11 @@ from .parts import ROOT, email
 #: ``prepare`` makes the store with the bench's account, ``run`` answers the accepts.
 _DRIVER = r"""
 import io, logging, os, shutil, sys
-from mailsvc import create_app, logs
+from mailsvc import create_app
+try:
+    from mailsvc.ops import logs
+except ImportError:  # a checkout from before the modules moved into rooms
+    from mailsvc import logs
 
 command, folder = sys.argv[1], sys.argv[2]
 if command == "prepare":
