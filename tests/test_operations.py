@@ -219,9 +219,7 @@ def test_a_request_id_is_taken_or_made_and_echoed(client, tenant, caplog):
 
 
 def test_json_lines_carry_their_fields():
-    record = logging.LogRecord(
-        "mailsvc.access", logging.INFO, "", 0, "GET / 200", None, None
-    )
+    record = logging.LogRecord("mailsvc.access", logging.INFO, "", 0, "GET / 200", None, None)
     record.request_id, record.status = "req_1", 200
     line = json.loads(logs.JsonFormatter().format(record))
     assert line["logger"] == "mailsvc.access" and line["level"] == "INFO"
@@ -298,9 +296,7 @@ def test_no_client_can_write_a_line_of_its_own_into_the_log(client, monkeypatch,
     monkeypatch.setattr(logger, "handlers", logger.handlers)
     monkeypatch.setattr(logger, "propagate", logger.propagate)
     monkeypatch.setattr(logger, "level", logger.level)
-    forged = (
-        "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.access: POST /v1/api-keys 201 0.1ms"
-    )
+    forged = "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.access: POST /v1/api-keys 201 0.1ms"
     for log_format in ("text", "json"):
         logs.configure(log_format)
         for path in (forged, "/y%0d%0aZ", "/z%e2%80%a8W", "/n%00N"):
