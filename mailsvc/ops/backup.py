@@ -36,17 +36,22 @@ def back_up(store: Store, destination: str | os.PathLike[str]) -> dict[str, Any]
     target = Path(destination)
     if target.exists():
         raise BackupRefused(f"{target}: exists already; give a new path")
+    if not target.parent.is_dir():
+        raise BackupRefused(f"{target.parent}: no such folder")
     partial = target.with_name(target.name + ".partial")
     try:
-        store.copy_to(partial)
+        try:
+            copy = sqlite3.connect(partial)
+            try:
+                store.copy_into(copy)
+                checked = copy.execute("PRAGMA integrity_check").fetchone()[0]
+                emails = copy.execute("SELECT count(*) FROM emails").fetchone()[0]
+            finally:
+                copy.close()
+        except sqlite3.Error as exc:  # the copy's file: the store's own faults are outages
+            raise BackupRefused(f"{target}: {exc}") from None
         with open(partial, "rb") as handle:
             os.fsync(handle.fileno())
-        copy = sqlite3.connect(partial)
-        try:
-            checked = copy.execute("PRAGMA integrity_check").fetchone()[0]
-            emails = copy.execute("SELECT count(*) FROM emails").fetchone()[0]
-        finally:
-            copy.close()
         if checked != "ok":
             raise BackupRefused(f"the copy does not check out ({checked}); nothing was kept")
         os.replace(partial, target)

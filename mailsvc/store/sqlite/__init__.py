@@ -122,20 +122,16 @@ class SqliteStore:
         self.conditions.ended(*WRITE_FAILURES)
         return result
 
-    def copy_to(self, target: Path) -> None:
-        """Copy the database into the file ``target``, as one snapshot of what was committed
-        (SQLite's online backup, every page in one step, from a read connection: writers go on
-        meanwhile)."""
+    def copy_into(self, copy: sqlite3.Connection) -> None:
+        """Copy the database into the open database ``copy``, as one snapshot of what was
+        committed (SQLite's online backup, every page in one step, from a read connection:
+        writers go on meanwhile). An error of the copy's own file comes as ``sqlite3.Error``."""
         with self._outages():
             source = self._reader()
-            try:
-                copy = sqlite3.connect(target)
-                try:
-                    source.backup(copy)
-                finally:
-                    copy.close()
-            finally:
-                self._give_back(source)
+        try:
+            source.backup(copy)
+        finally:
+            self._give_back(source)
 
     def check_room(self, reserve_bytes: int) -> None:
         """:raises StoreOutage: the file system of the store has less than ``reserve_bytes``
