@@ -132,7 +132,9 @@ def test_relay_down_does_not_slow_the_api_and_the_backlog_drains(config, clock):
         # Once the relay is known down, delivery holds back: one email a poll tries it (the
         # probe), the rest stay queued, not attempted and deferred one by one.
         statuses = count_by_status(app.store)
-        assert set(statuses) == {"queued", "deferred"}, statuses
+        # The probe of this poll may be caught in flight: one email at most, never more.
+        assert set(statuses) <= {"queued", "deferred", "sending"}, statuses
+        assert statuses.get("sending", 0) <= 1, statuses
         assert statuses["deferred"] <= 4 + 2 * 7, statuses  # the first claims, then the probes
         assert statuses["queued"] >= 20, statuses
         sink = SmtpSink(port=port).start()  # the relay is back
