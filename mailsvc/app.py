@@ -31,16 +31,16 @@ from werkzeug.routing import Map
 from werkzeug.wrappers import Request, Response
 from werkzeug.wsgi import ClosingIterator
 
-from .api.change import Change
 from .api.dependencies import build_dependencies
 from .api.public import Process, Text
+from .api.writes import Wakers, carry_out
 from .delivery import DeliveryPool
-from .errors import InsufficientCredit, RateLimited, ServiceError, render_error
+from .errors import RateLimited, ServiceError, render_error
 from .http import access_log as access
 from .http import idempotency
 from .http.auth import Principal, authenticate, check_bearer, read_token, require_scope
 from .http.endpoints import Endpoint
-from .http.idempotency import Claim, Replay
+from .http.idempotency import Claim
 from .http.inputs import AUTHENTICATED, Input, discard_unread_body, read_input
 from .http.openapi import build as build_openapi
 from .http.openapi import route_template
@@ -52,7 +52,7 @@ from .ops.retention import Purger
 from .ops.version import installed
 from .routes import URL_MAP
 from .settings import Settings, load_settings
-from .store import CreditExhausted, Store, StoreOutage, TokenExhausted, Writes, open_store
+from .store import Store, StoreOutage, open_store
 from .webhooks.pool import WebhookPool
 
 
@@ -88,6 +88,7 @@ class MailService:
             settings.purge_interval_seconds,
             settings.idempotency_ttl_seconds,
         )
+        self.wakers = Wakers(self.delivery.wake, self.webhooks.wake)
         self.url_map: Map = URL_MAP
         self._openapi: bytes | None = None
         self.store.on_commit = metrics.observe_commit
@@ -200,7 +201,7 @@ class MailService:
     def _handle(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
-        limiter, caller = self.deps.limiter, admission.principal
+        caller = admission.principal
         if "email_id" in matched:
             request.environ[access.EMAIL] = matched["email_id"]
         given = read_input(request, endpoint, self.schemas, self.settings)
@@ -214,47 +215,14 @@ class MailService:
                 data = endpoint.handler(view, caller, self.deps, **arguments)
             return _json_response(json.dumps(data), endpoint.status)
         claim = self._claim(request, caller, given, admission.now)
-        if claim is not None:
-            replay = idempotency.stored_answer(self.store.reads, claim)
-            if replay is not None:
-                return _replayed(replay)
-        change: Change = endpoint.handler(self.store.reads, caller, self.deps, **arguments)
-        body = json.dumps(change.answer)
-        if claim is None and change.apply is None:  # nothing to write (a render)
-            return _json_response(body, endpoint.status)
-        kept = body if change.replayed is None else json.dumps(change.replayed)
-
-        def apply(tx: Writes) -> Replay | None:
-            earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
-            if earlier is None and change.apply is not None:
-                change.apply(tx)
-            # Last, because every request of the account updates its bucket: on PostgreSQL the
-            # row is then locked only while the transaction commits. Over the limit, the
-            # transaction is undone whole.
-            limiter.take(tx, admission)
-            return earlier
-
-        try:
-            replay = self.store.write(apply)
-        except TokenExhausted:
-            raise limiter.refusal(self.store.reads, admission) from None
-        except CreditExhausted as exc:
-            account = self.store.reads.get_account(caller.account_id)
-            available = account.credits if account else 0
-            raise InsufficientCredit(
-                f"credits: {exc.needed} needed, {available} available"
-            ) from None
-        admission.taken = True
-        if replay is not None:
-            return _replayed(replay)
-        if change.accepted:
-            metrics.ACCEPTED.inc(len(change.accepted))
-            request.environ[access.EMAIL] = ",".join(change.accepted)
-        if change.wakes_delivery:
-            self.delivery.wake()
-        if change.wakes_webhooks:
-            self.webhooks.wake()
-        return _json_response(body, endpoint.status)
+        written = carry_out(
+            self.store, self.deps, self.wakers, endpoint, caller, admission, arguments, claim
+        )
+        if written.replayed:
+            return _json_response(written.body, written.status, {"Idempotent-Replayed": "true"})
+        if written.accepted:
+            request.environ[access.EMAIL] = ",".join(written.accepted)
+        return _json_response(written.body, written.status)
 
     def _claim(self, request: Request, caller: Principal, given: Input, now: float) -> Claim | None:
         if request.method != "POST":
@@ -273,10 +241,6 @@ class MailService:
 
 def _json_response(body: str, status: int, headers: dict[str, str] | None = None) -> Response:
     return Response(body, status=status, headers=headers, content_type="application/json")
-
-
-def _replayed(replay: Replay) -> Response:
-    return _json_response(replay.body, replay.status, {"Idempotent-Replayed": "true"})
 
 
 def create_app(

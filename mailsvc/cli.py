@@ -222,6 +222,20 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("path", metavar="PATH", help="the copy's path (must not exist)")
 
     sub = nouns.add_parser(
+        "submission",
+        help="serve SMTP submission: a process beside gunicorn, on the same store",
+        description="Serve SMTP submission (AUTH with an API key as the password; each message "
+        "becomes an email of the API) until SIGTERM, running delivery as a worker does. Logs "
+        "go to stderr.",
+    )
+    sub.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="where to listen (MAILSVC_SUBMISSION_LISTEN; by default 127.0.0.1:2587)",
+    )
+    sub.set_defaults(action=_submission, needs_store=False)
+
+    sub = nouns.add_parser(
         "check",
         help="check the settings, the store and the relay, and say what was found",
         description="Check the settings, the store (open, migrate, write) and the relay "
@@ -229,6 +243,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.set_defaults(action=lambda db, a: operator.check(a.settings), needs_store=False)
     return parser
+
+
+def _submission(store: Store | None, arguments: argparse.Namespace) -> None:
+    from .ops import logs
+    from .ops.startup import check_or_exit
+    from .settings import load_settings as resolve
+    from .submission.server import SubmissionServer
+
+    settings = arguments.settings
+    if arguments.listen:
+        settings = resolve({"submission_listen": arguments.listen})
+    logs.configure(settings.log_format)
+    check_or_exit(settings)  # the store is opened (and migrated) once, or the reason said
+    SubmissionServer(settings).serve()
 
 
 def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:
@@ -267,5 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (operator.OperatorError, SettingsError) as exc:
         print(f"mailsvc: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
+    if result is None:  # a server, stopped
+        return 0
     print(json.dumps(result))
     return 0 if result.get("ok", True) else 1

@@ -372,6 +372,7 @@ def check(settings: Settings) -> dict[str, Any]:
     of it works."""
     from .delivery.transport import RelayUrl, probe_relay
     from .ops.startup import open_checked_store
+    from .submission.tls import check_submission
 
     found: dict[str, Any] = {
         "settings": {
@@ -413,5 +414,6 @@ def check(settings: Settings) -> dict[str, Any]:
             "maildir": str(outbox),
             "note": "no MAILSVC_SMTP_URL: mail is delivered into this Maildir",
         }
+    found["submission"] = check_submission(settings)
     found["ok"] = all(part["ok"] for part in found.values() if isinstance(part, dict))
     return found

@@ -133,6 +133,13 @@ def _bind(value: str) -> str:
     return value.strip()
 
 
+def _listen(value: str) -> str:
+    host, colon, port = value.strip().rpartition(":")
+    if not (colon and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError("host:port, such as 127.0.0.1:2587")
+    return value.strip()
+
+
 @dataclass(frozen=True)
 class RelayUrl:
     """``smtp://[user:password@]host[:port][?starttls=1]`` or ``smtps://...``."""
@@ -413,6 +420,65 @@ SETTINGS: tuple[Setting, ...] = (
         "Allow webhook URLs whose host is a loopback, private, link-local or multicast address "
         "(else refused at creation and at every connection).",
         _boolean,
+    ),
+    Setting(
+        "submission_listen",
+        "127.0.0.1:2587",
+        "Address `mailsvc submission` (SMTP submission) listens on (`--listen` overrides it).",
+        _listen,
+    ),
+    Setting(
+        "submission_tls_cert",
+        "",
+        "PEM certificate (with its chain) that SMTP submission offers with STARTTLS. Empty: no "
+        "TLS, and AUTH only with `MAILSVC_SUBMISSION_ALLOW_PLAINTEXT`.",
+    ),
+    Setting("submission_tls_key", "", "PEM private key of `MAILSVC_SUBMISSION_TLS_CERT`."),
+    Setting(
+        "submission_implicit_tls",
+        "false",
+        "TLS from the first byte (port 465's way) instead of STARTTLS.",
+        _boolean,
+    ),
+    Setting(
+        "submission_allow_plaintext",
+        "false",
+        "Offer AUTH without TLS (for a trusted loopback or private network only: the password "
+        "is an API key).",
+        _boolean,
+    ),
+    Setting(
+        "submission_max_connections",
+        100,
+        "SMTP connections one submission process serves at once; another is answered `421` "
+        "and closed.",
+        _positive_int,
+    ),
+    Setting(
+        "submission_max_connections_per_client",
+        50,
+        "SMTP connections from one IP address at once (as Postfix's "
+        "`smtpd_client_connection_count_limit`).",
+        _positive_int,
+    ),
+    Setting(
+        "submission_timeout_seconds",
+        60.0,
+        "How long SMTP submission waits for a client's next command before it closes the "
+        "connection.",
+        _positive_float,
+    ),
+    Setting(
+        "submission_threads",
+        8,
+        "Threads of a submission process that read the store and take messages (the SMTP "
+        "sessions themselves share one event loop).",
+        _positive_int,
+    ),
+    Setting(
+        "submission_hostname",
+        "",
+        "The name SMTP submission gives in its greeting and EHLO. Empty: the machine's name.",
     ),
     Setting(
         "metrics_token",

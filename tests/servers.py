@@ -256,3 +256,50 @@ def _alive(pid: int) -> bool:
         return proc_stat(pid)[0] != "Z"
     except OSError:
         return False
+
+
+class Submission:
+    """``mailsvc submission --listen 127.0.0.1:PORT`` with ``MAILSVC_*`` settings: the SMTP
+    submission server as an operator runs it."""
+
+    def __init__(self, settings: dict[str, str]) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, **settings}
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.TemporaryFile()
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def start(self, timeout: float = 30.0) -> Submission:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mailsvc", "submission", "--listen", f"127.0.0.1:{self.port}"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=self._log,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self.log())
+            if "SMTP submission listening" in self.log():
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"mailsvc submission did not start:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> str:
+        """Stop it (SIGTERM: gracefully; SIGKILL: kill -9); what it wrote."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        text = self.log()
+        self._log.close()
+        return text

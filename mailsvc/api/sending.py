@@ -53,6 +53,8 @@ class SendRequest:
     headers: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     scheduled_at: float | None = None
+    #: The ``Message-ID`` the client gave its message (SMTP submission); else one is made.
+    message_id: str | None = None
 
     @cached_property  # asked for several times an email
     def recipients(self) -> tuple[NewRecipient, ...]:
@@ -198,7 +200,7 @@ def prepare(
         subject=subject,
         html=html,
         text=text,
-        message_id=f"<{email_id}@{domain}>",
+        message_id=request.message_id or f"<{email_id}@{domain}>",
         created_at=now,
         reply_to=tuple(str(box) for box in request.reply_to),
         template_id=request.template_id,

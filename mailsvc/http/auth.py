@@ -74,10 +74,17 @@ def read_token(authorization: str | None) -> Token:
     if not authorization:
         raise NotAuthenticated("Authorization: missing; send 'Authorization: Bearer <API key>'")
     scheme, _, token = authorization.partition(" ")
-    match = _TOKEN.fullmatch(token.strip())
-    if scheme.lower() != "bearer" or match is None:
+    presented = key_token(token.strip())
+    if scheme.lower() != "bearer" or presented is None:
         raise NotAuthenticated("Authorization: malformed; expected 'Bearer <API key>'")
-    return Token("key_" + match.group(1), match.group(2))
+    return presented
+
+
+def key_token(key: str) -> Token | None:
+    """The token of an API key as its owner holds it (``ms_..._...``), or None if it is none
+    (checked for form only: no I/O)."""
+    match = _TOKEN.fullmatch(key)
+    return None if match is None else Token("key_" + match.group(1), match.group(2))
 
 
 def authenticate(token: Token, reads: Reads, route_group: str) -> tuple[Principal, Caller]:

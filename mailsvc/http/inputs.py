@@ -66,14 +66,24 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         document = _body(
             request, limit, endpoint.schema in schemas.arrays, settings.body_min_bytes_per_second
         )
+    value = check_document(document, endpoint, schemas, settings)
+    return Input({"query" if from_query else "body": value}, document)
+
+
+def check_document(document: Any, endpoint: Endpoint, schemas: Schemas, settings: Settings) -> Any:
+    """A route's input document, checked by its schema and parsed by its parser: what its
+    handler takes (a door that reads another protocol, SMTP, makes the document and comes
+    in here).
+
+    :raises ValidationFailed: naming every problem at once, the schema's, then the parser's.
+    """
+    assert endpoint.schema is not None
     present = _without_nulls(document)
     problems = schemas.problems(endpoint.schema, present)
     if endpoint.parse is None or not problems.parsable:  # (it needs what the schema passed)
         problems.raise_if_any()
-        value = present
-    else:
-        value = endpoint.parse(present, settings, problems)
-    return Input({"query" if from_query else "body": value}, document)
+        return present
+    return endpoint.parse(present, settings, problems)
 
 
 def _without_nulls(document: Any) -> Any:

@@ -62,6 +62,17 @@ class LargeBodies:
         if not self.is_large(environ):
             yield
             return
+        with self.hold(account_id):
+            yield
+
+    @contextmanager
+    def hold(self, account_id: str) -> Iterator[None]:
+        """Hold a place for one large body of the account while the block runs (a door that
+        learns the size as the body arrives, SMTP's DATA, asks once it passes the ordinary
+        limit).
+
+        :raises TooManyLargeBodies: none free for the account (429) or the process (503).
+        """
         with self._lock:
             mine = self._held.get(account_id, 0)
             if mine >= self.per_account:

@@ -61,6 +61,27 @@ RENDERS = Gauge(
     "Template renders running now, in every worker",
     multiprocess_mode="livesum",
 )
+SUBMISSION_CONNECTIONS = Gauge(
+    "mailsvc_submission_connections",
+    "SMTP submission connections open now, in every submission process",
+    multiprocess_mode="livesum",
+)
+SUBMISSION_AUTH = Counter(
+    "mailsvc_submission_auth",
+    "SMTP AUTH attempts, by outcome: accepted or refused",
+    ["outcome"],
+)
+SUBMISSION_MESSAGES = Counter(
+    "mailsvc_submission_messages",
+    "Messages (mail transactions) over SMTP submission, by outcome: accepted, deferred (4xx) "
+    "or refused (5xx)",
+    ["outcome"],
+)
+SUBMISSION_DURATION = Histogram(
+    "mailsvc_submission_take_seconds",
+    "Time from a message's end of data to its reply (read, checked and stored)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 WRITE_WAIT = Histogram(
     "mailsvc_store_write_wait_seconds",
     "Time a write waited for the store's write lock (SQLite: its writer and the file lock; "

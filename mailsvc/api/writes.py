@@ -1,0 +1,103 @@
+"""How a write is carried out, whichever door it came in by (the HTTP API, SMTP submission).
+
+The caller is known, admitted by its rate limit, and its input checked. What is left is the
+same for every door: a finished request with the same idempotency key gets its stored answer;
+else the handler prepares its change outside any lock, and the change is applied in one job of
+the store's writer together with the idempotency claim and the request's rate-limit token, so it
+commits whole or is refused and leaves nothing behind. Then delivery and webhook delivery are
+woken if the change gave them work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InsufficientCredit
+from ..http import idempotency
+from ..http.auth import Principal
+from ..http.endpoints import Endpoint
+from ..http.idempotency import Claim, Replay
+from ..limits.ratelimit import Admission
+from ..ops import metrics
+from ..store import CreditExhausted, Store, TokenExhausted, Writes
+from .change import Change
+from .dependencies import Dependencies
+
+
+@dataclass(frozen=True)
+class Wakers:
+    """Who to wake when a change gives them work: this process's delivery and webhook
+    threads (others find it by polling, or by the store's notices)."""
+
+    delivery: Callable[[], None]
+    webhooks: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write answered: its status and JSON body, whether the body is an earlier
+    request's (a replay), and the emails it accepted."""
+
+    status: int
+    body: str
+    replayed: bool = False
+    accepted: tuple[str, ...] = ()
+
+
+def carry_out(
+    store: Store,
+    deps: Dependencies,
+    wakers: Wakers,
+    endpoint: Endpoint,
+    caller: Principal,
+    admission: Admission,
+    arguments: Mapping[str, Any],
+    claim: Claim | None,
+) -> Written:
+    """Carry out a write endpoint for ``caller``, whose input and permits were checked.
+
+    :raises ServiceError: the handler's or the change's refusal (nothing was written), or
+        :class:`~mailsvc.errors.RateLimited` when another request took the last token.
+    """
+    if claim is not None:
+        replay = idempotency.stored_answer(store.reads, claim)
+        if replay is not None:
+            return Written(replay.status, replay.body, replayed=True)
+    change: Change = endpoint.handler(store.reads, caller, deps, **arguments)
+    body = json.dumps(change.answer)
+    if claim is None and change.apply is None:  # nothing to write (a render)
+        return Written(endpoint.status, body)
+    kept = body if change.replayed is None else json.dumps(change.replayed)
+    limiter = deps.limiter
+
+    def apply(tx: Writes) -> Replay | None:
+        earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
+        if earlier is None and change.apply is not None:
+            change.apply(tx)
+        # Last, because every request of the account updates its bucket: on PostgreSQL the
+        # row is then locked only while the transaction commits. Over the limit, the
+        # transaction is undone whole.
+        limiter.take(tx, admission)
+        return earlier
+
+    try:
+        replay = store.write(apply)
+    except TokenExhausted:
+        raise limiter.refusal(store.reads, admission) from None
+    except CreditExhausted as exc:
+        account = store.reads.get_account(caller.account_id)
+        available = account.credits if account else 0
+        raise InsufficientCredit(f"credits: {exc.needed} needed, {available} available") from None
+    admission.taken = True
+    if replay is not None:
+        return Written(replay.status, replay.body, replayed=True)
+    if change.accepted:
+        metrics.ACCEPTED.inc(len(change.accepted))
+    if change.wakes_delivery:
+        wakers.delivery()
+    if change.wakes_webhooks:
+        wakers.webhooks()
+    return Written(endpoint.status, body, accepted=change.accepted)

@@ -1,0 +1,142 @@
+"""``mailsvc submission``: the SMTP submission server, a process of its own beside gunicorn.
+
+One event loop serves every SMTP session (aiosmtpd); a few threads do what blocks (the store,
+parsing a message). The process is a whole mailsvc process on the same store as the HTTP API:
+it runs delivery, webhook delivery and the purge too, as a gunicorn worker does, so mail
+submitted here leaves at once, and a deployment that only speaks SMTP needs no other process.
+
+SIGTERM or SIGINT stops it gracefully: it stops listening, lets every message being taken
+finish (its client gets its reply), tells every other session ``421 4.3.2`` and closes it,
+then stops delivery as a worker does (the SMTP transactions in flight finish).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from ..app import MailService
+from ..settings import Settings
+from .session import Connections, SubmissionSession
+from .tls import tls_context
+from .transactions import MailTransactions, Transaction
+
+log = logging.getLogger("mailsvc.submission")
+
+#: Seconds the messages being taken have to finish when the process is stopped.
+GRACEFUL_SECONDS = 30.0
+
+
+class SubmissionServer:
+    """The SMTP submission server of these settings.
+
+    :param listen: ``host:port``; the setting's when not given.
+    :raises SettingsError: its TLS settings cannot work.
+    """
+
+    def __init__(
+        self, settings: Settings, listen: str | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self.listen = listen or settings.submission_listen
+        self.tls = tls_context(settings)
+        self.service = MailService(settings, clock)
+        self.executor = ThreadPoolExecutor(
+            settings.submission_threads, thread_name_prefix="submission"
+        )
+        self.transactions = MailTransactions(self.service, self.executor)
+        self.connections = Connections(
+            settings.submission_max_connections, settings.submission_max_connections_per_client
+        )
+        self.hostname = settings.submission_hostname or socket.gethostname()
+        if settings.submission_allow_plaintext:  # chosen, and said once at start (below)
+            warnings.filterwarnings("ignore", "Requiring AUTH while not requiring TLS")
+            logging.getLogger("mail.log").setLevel(logging.ERROR)
+
+    def _session(self) -> SubmissionSession:
+        implicit = self.settings.submission_implicit_tls
+        return SubmissionSession(
+            self.transactions,
+            self.connections,
+            ordinary_limit=self.settings.max_body_bytes,
+            least_rate=self.settings.body_min_bytes_per_second,
+            data_size_limit=self.settings.max_send_body_bytes,
+            hostname=self.hostname,
+            ident="mailsvc submission",
+            tls_context=None if implicit else self.tls,
+            timeout=self.settings.submission_timeout_seconds,
+            auth_require_tls=not (self.settings.submission_allow_plaintext or implicit),
+        )
+
+    def serve(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        stopping = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        try:
+            loop.run_until_complete(self._serve(stopping))
+        finally:
+            loop.close()
+
+    async def _serve(self, stopping: asyncio.Event) -> None:
+        host, _, port = self.listen.rpartition(":")
+        implicit = self.settings.submission_implicit_tls
+        server = await asyncio.get_running_loop().create_server(
+            self._session,
+            host.strip("[]"),
+            int(port),
+            ssl=self.tls if implicit else None,
+            reuse_address=True,
+            backlog=256,
+        )
+        self.service.start()
+        tls = "implicit TLS" if implicit else "STARTTLS" if self.tls else "no TLS"
+        auth = (
+            "AUTH after TLS"
+            if self.tls and not self.settings.submission_allow_plaintext
+            else "AUTH without TLS"
+            if self.settings.submission_allow_plaintext
+            else "no AUTH (no TLS; see MAILSVC_SUBMISSION_ALLOW_PLAINTEXT)"
+        )
+        log.info(
+            "SMTP submission listening on %s (%s, %s), pid %d", self.listen, tls, auth, os.getpid()
+        )
+        try:
+            await stopping.wait()
+        finally:
+            await self._stop(server)
+
+    async def _stop(self, server: asyncio.Server) -> None:
+        server.close()
+        log.info("SMTP submission stopping: no new connections; finishing messages in flight")
+        deadline = time.monotonic() + GRACEFUL_SECONDS
+        while time.monotonic() < deadline and any(
+            isinstance(session.envelope, Transaction) and session.envelope.taking
+            for session in self.connections.open
+        ):
+            await asyncio.sleep(0.05)
+        for session in list(self.connections.open):
+            session.close("421 4.3.2 the server is stopping; try again shortly")
+        await asyncio.sleep(0)  # (the transports close)
+        self.executor.shutdown(wait=True)
+        left = max(1.0, deadline - time.monotonic())
+        self.service.stop(graceful=True, timeout=left)
+        _mark_dead()
+        log.info("SMTP submission stopped")
+
+
+def _mark_dead() -> None:
+    """This process's live gauges no longer count (prometheus_client's multiprocess mode)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid())
