@@ -21,6 +21,7 @@ _METRICS_FOLDER = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp
     prefix="mailsvc-metrics-"
 )
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _METRICS_FOLDER
+os.makedirs(_METRICS_FOLDER, exist_ok=True)
 
 import gunicorn.util  # noqa: E402
 
@@ -65,9 +66,24 @@ graceful_timeout = 30
 preload_app = True
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def on_starting(server):
-    for entry in os.listdir(_METRICS_FOLDER):  # counts of an earlier run are not this one's
-        os.remove(os.path.join(_METRICS_FOLDER, entry))
+    # Counts of an earlier run are not this one's; but the folder may be shared with a
+    # `mailsvc submission` process beside gunicorn (its counts are in /metrics too): only the
+    # files of processes that are gone are removed (each file ends in its process's pid).
+    for entry in os.listdir(_METRICS_FOLDER):
+        pid = entry.rsplit("_", 1)[-1].removesuffix(".db")
+        if not pid.isdigit() or not _alive(int(pid)):
+            os.remove(os.path.join(_METRICS_FOLDER, entry))
 
 
 #: glibc's ``mallopt`` option that caps its malloc arenas.

@@ -16,6 +16,9 @@ before the caller is known:
    the idempotency claim, in one job of the store's writer: it commits whole, or is refused
    (400/402/404/409) and leaves nothing behind. Every request takes exactly one token: a write
    in that job, anything else (a read, a replay, a refusal) in a short job of its own.
+
+Steps 5 and 6 of a write are ``api.writes.carry_out``, the one write path of every door: SMTP
+submission (``submission/``) takes the same path with its own steps 1 to 4.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import smtplib
 import socket
 import subprocess
 import sys
@@ -38,7 +39,6 @@ def here(text: str, folder: Path) -> str:
     )
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not here")
 def children(pid: int) -> set[int]:
     """The processes whose parent is ``pid`` (gunicorn's workers)."""
     found = set()
@@ -52,9 +52,11 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def test_systemd_accepts_the_unit(tmp_path):
-    unit = tmp_path / "mailsvc.service"
-    unit.write_text(here((DEPLOY / "mailsvc.service").read_text(), tmp_path))
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not here")
+@pytest.mark.parametrize("name", ["mailsvc.service", "mailsvc-submission.service"])
+def test_systemd_accepts_the_unit(tmp_path, name):
+    unit = tmp_path / name
+    unit.write_text(here((DEPLOY / name).read_text(), tmp_path))
     (tmp_path / "mailsvc.env").write_text((DEPLOY / "mailsvc.env").read_text())
     checked = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True
@@ -107,6 +109,45 @@ def test_the_unit_runs_the_service_as_systemd_would(tmp_path):
         service.send_signal(signal.SIGTERM)  # systemctl stop
         assert service.wait(timeout=int(unit["TimeoutStopSec"])) == 0
         assert time.monotonic() - started < 15
+        errors = service.stderr.read().decode()
+        assert "Traceback" not in errors, errors
+    finally:
+        if service.poll() is None:
+            os.killpg(service.pid, signal.SIGKILL)
+            service.wait()
+        service.stderr.close()
+        notify.close()
+
+
+def test_the_submission_unit_runs_as_systemd_would(tmp_path):
+    unit = unit_lines(here((DEPLOY / "mailsvc-submission.service").read_text(), tmp_path))
+    environment = unit_lines(here((DEPLOY / "mailsvc.env").read_text(), tmp_path))
+    port = free_port()
+    environment.update(  # a port of its own here, and no TLS on this loopback
+        MAILSVC_SUBMISSION_LISTEN=f"127.0.0.1:{port}", MAILSVC_SUBMISSION_ALLOW_PLAINTEXT="true"
+    )
+    assert unit["Type"] == "notify" and unit["KillSignal"] == "SIGTERM"
+    assert unit["EnvironmentFile"] == str(tmp_path / "mailsvc.env")  # the API's own settings
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.settimeout(30)
+    service = subprocess.Popen(
+        unit["ExecStart"].split(),
+        cwd=unit["WorkingDirectory"],
+        env={"PATH": os.environ["PATH"], "NOTIFY_SOCKET": str(tmp_path / "notify"), **environment},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert "READY=1" in notify.recv(4096).decode()  # once it listens
+        with smtplib.SMTP("127.0.0.1", port, timeout=10) as session:
+            assert session.ehlo()[0] == 250
+        assert (tmp_path / "var" / "mailsvc.sqlite3").exists()  # the API's store
+        assert any((tmp_path / "var" / "metrics").iterdir())  # the folder both count in
+        service.send_signal(signal.SIGTERM)  # systemctl stop
+        assert "STOPPING=1" in notify.recv(4096).decode()
+        assert service.wait(timeout=int(unit["TimeoutStopSec"])) == 0
         errors = service.stderr.read().decode()
         assert "Traceback" not in errors, errors
     finally:

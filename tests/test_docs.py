@@ -17,6 +17,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from .servers import ROOT, Gunicorn, free_port, request
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"(?:<!-- (?P<note>[^>]*) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```", re.S)
 #: What runs a document's blocks: a document not named here must mark every block not run.
-SESSIONS = ("api.md", "bounces-and-webhooks.md", "delivery.md", "operating.md")
+SESSIONS = ("api.md", "bounces-and-webhooks.md", "delivery.md", "operating.md", "submission.md")
 _PRELUDE = 'set -euo pipefail\ncurl() { command curl --fail-with-body "$@"; }\n'
 
 
@@ -243,3 +244,62 @@ def test_the_postgresql_commands_install_the_extra_and_serve_from_the_database(
     with psycopg.connect(postgres_database) as connection:
         [(accounts,)] = connection.execute(f"SELECT to_regclass('{schema}.accounts') IS NOT NULL")
     assert accounts
+
+
+@pytest.mark.slow
+def test_the_submission_examples_send_through_the_server_they_start(tmp_path):
+    """docs/submission.md: its server block started as written (on a port of its own), then
+    its swaks and curl blocks, with a key of an account whose domain is verified; both
+    messages land in the outbox, delivered by the submission process itself."""
+    if shutil.which("swaks") is None:
+        pytest.fail("swaks is not installed (CI installs it: apt-get install swaks)")
+    path = ROOT / "docs" / "submission.md"
+    port = str(free_port())
+    folder = tmp_path / "reader"
+    (folder / "var").mkdir(parents=True)
+    (folder / ".venv").symlink_to(sys.prefix)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MAILSVC_")},
+        "MAILSVC_DATABASE": str(folder / "var" / "mailsvc.sqlite3"),
+        "MAILSVC_OUTBOX": str(folder / "var" / "outbox"),
+        "MAILSVC_STORE_MIN_FREE_MB": "0",
+        "MAILSVC_POLL_SECONDS": "0.2",
+    }
+    setup = (
+        "json() { python3 -c \"import json,sys; print(json.load(sys.stdin)['$1'])\"; }\n"
+        "ACCOUNT=$(.venv/bin/mailsvc accounts create --name Acme --credits 10 | json id)\n"
+        ".venv/bin/mailsvc domains add --account $ACCOUNT --verified acme.example >/dev/null\n"
+        "KEY=$(.venv/bin/mailsvc keys create --account $ACCOUNT --scope sending | json key)\n"
+    )
+    [serve] = [code for note, code in blocks(path) if note.startswith("serve")]
+    server = subprocess.Popen(
+        ["bash", "-c", serve.replace("2587", port).strip().removesuffix("&")],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, server.stderr.read().decode() if server.stderr else ""
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", int(port))):
+                break
+            assert time.monotonic() < deadline, "mailsvc submission did not listen"
+            time.sleep(0.1)
+        done = _shell(setup + runnable(path, but="serve").replace("2587", port), folder, env, "")
+        assert "250 2.0.0 queued as em_" in done.stdout, done.stdout
+        outbox = folder / "var" / "outbox" / "new"
+        deadline = time.monotonic() + 30
+        while len(list(outbox.glob("*"))) < 2 if outbox.exists() else True:
+            assert time.monotonic() < deadline, "not delivered"
+            time.sleep(0.1)
+        subjects = sorted(
+            line for message in outbox.iterdir() for line in message.read_text().splitlines()
+            if line.startswith("Subject:")
+        )  # fmt: skip
+        assert subjects == ["Subject: Welcome", "Subject: Your receipt"]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the shell and the server it started
+        server.wait(timeout=60)
+        if server.stderr:
+            assert "Traceback" not in server.stderr.read().decode()
+            server.stderr.close()

@@ -28,7 +28,7 @@ from mailsvc.app import MailService
 from mailsvc.store import Store
 
 from .conftest import VERIFIED, Tenant, email_body, make_tenant, run_cli, wait_until
-from .servers import Submission
+from .servers import Gunicorn, Submission
 from .smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.slow
@@ -840,6 +840,35 @@ def test_each_message_has_a_log_line(deployment):
     assert "INFO mailsvc.submission: message 250 2.0.0" in line
     assert f"account={tenant.id} email={email_id} recipients=2" in line
     assert f"MAIL refused 550 5.7.1 account={tenant.id}" in log
+
+
+def test_its_metrics_are_in_gunicorns_metrics_when_they_share_a_folder(deployment):
+    folder = deployment.folder / f"metrics-{secrets.token_hex(4)}"
+    shared = {"PROMETHEUS_MULTIPROC_DIR": str(folder), "MAILSVC_METRICS_TOKEN": "token"}
+    folder.mkdir()
+    server = deployment.another_server(**shared)
+    tenant = deployment.tenant()
+    session = logged_in(deployment, tenant, server)
+    queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+    assert session.mail("hello@unverified.example")[0] == 550
+    # gunicorn starts after the submission process: what it clears at its start is the files
+    # of processes that are gone, not the live submission process's.
+    api = Gunicorn({**deployment.settings, **shared}, workers=1).start()
+    try:
+
+        def metric(name: str) -> float:
+            return api.gauge(name, "token")
+
+        assert metric('mailsvc_submission_messages_total{outcome="accepted"}') == 1
+        assert metric('mailsvc_submission_messages_total{outcome="refused"}') == 1
+        assert metric('mailsvc_submission_auth_total{outcome="accepted"}') == 1
+        assert metric("mailsvc_submission_connections") == 1
+        session.quit()
+        wait_until(lambda: metric("mailsvc_submission_connections") == 0, 10, "closed")
+        server.stop()  # a stopped process's live gauge is gone; its counts stay
+        assert metric('mailsvc_submission_messages_total{outcome="accepted"}') == 1
+    finally:
+        assert "Traceback" not in api.stop()
 
 
 def test_check_says_whether_the_certificate_loads(deployment, tmp_path, authority):

@@ -13,7 +13,12 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import (
+# A folder named for a process beside gunicorn (``mailsvc submission``) may not exist yet:
+# prometheus_client opens its files there as the metrics below are made.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
+from prometheus_client import (  # noqa: E402
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,

@@ -13,6 +13,7 @@ then stops delivery as a worker does (the SMTP transactions in flight finish).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -110,12 +111,15 @@ class SubmissionServer:
         log.info(
             "SMTP submission listening on %s (%s, %s), pid %d", self.listen, tls, auth, os.getpid()
         )
+        _forget_dead_live_gauges()
+        _notify_systemd("READY=1")
         try:
             await stopping.wait()
         finally:
             await self._stop(server)
 
     async def _stop(self, server: asyncio.Server) -> None:
+        _notify_systemd("STOPPING=1")
         server.close()
         log.info("SMTP submission stopping: no new connections; finishing messages in flight")
         deadline = time.monotonic() + GRACEFUL_SECONDS
@@ -140,3 +144,40 @@ def _mark_dead() -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid())
+
+
+def _forget_dead_live_gauges() -> None:
+    """Live gauges (open connections) of processes that died without saying so (kill -9) no
+    longer count: their files in the shared metrics folder are removed."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not folder:
+        return
+    for entry in os.listdir(folder):
+        if not entry.startswith(("gauge_livesum_", "gauge_liveall_", "gauge_livemax_")):
+            continue
+        pid = entry.rsplit("_", 1)[-1].removesuffix(".db")
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _notify_systemd(state: str) -> None:
+    """Tell systemd (``Type=notify``) the process's state, when it started us."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        with contextlib.suppress(OSError):
+            notify.sendto(state.encode(), address)
