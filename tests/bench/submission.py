@@ -1,0 +1,189 @@
+"""SMTP submission's benchmark: mailsvc's SMTP door beside a private Postfix, in one run.
+
+    python -m tests.bench.submission [--messages 3000] [--rounds 3]
+
+S1   ``mailsvc submission`` taking messages on one connection, one after the other: messages/s
+     until the last ``250``
+S32  the same on 32 connections at once (what P uses), and end to end: until the sink has the
+     last one (the submission process delivers what it takes, DKIM-signed)
+P1, P32  a private Postfix (Debian's, its defaults; see :mod:`.postfix`) taking the same
+     messages on 1 and 32 connections and relaying them to the same sink, unsigned; end to end
+     as S32 (skipped when Postfix is not installed or the bench does not run as root)
+
+Each message has a Message-ID of its own (mailsvc takes the same Message-ID again as the same
+email). Each round runs every case once, in that order, with a fresh store and sink; the report
+gives each round and the medians of the ratios. Not a test: run it by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import smtplib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from email.message import EmailMessage
+from email.policy import SMTP
+from pathlib import Path
+
+from tests.servers import Submission
+
+from . import postfix
+from .parts import DOMAIN, HTML, Sink, prepare
+
+
+def messages(tag: str, count: int) -> list[bytes]:
+    """``count`` copies of one receipt (about 2 KB of html, as the HTTP bench's, encoded as a
+    mail client would), each with a Message-ID of its own."""
+    mail = EmailMessage()
+    mail["From"] = f"Bench <receipts@{DOMAIN}>"
+    mail["To"] = "user0@example.org"
+    mail["Subject"] = "Your receipt"
+    mail["Message-ID"] = "<MESSAGE-ID>"
+    mail.set_content("Your receipt.")
+    mail.add_alternative(HTML, subtype="html")
+    raw = mail.as_bytes(policy=SMTP)
+    return [raw.replace(b"MESSAGE-ID", f"{tag}-{n}@{DOMAIN}".encode()) for n in range(count)]
+
+
+def send_all(port: int, payload: list[bytes], connections: int, key: str | None) -> float:
+    """Send every message, split over ``connections`` SMTP connections at once (with AUTH
+    when ``key`` is given); the seconds from the first connection to the last ``250``."""
+    shares = [payload[n::connections] for n in range(connections)]
+    failures: list[BaseException] = []
+    ready = threading.Barrier(connections + 1)
+
+    def one(share: list[bytes]) -> None:
+        try:
+            session = smtplib.SMTP("127.0.0.1", port, timeout=60)
+            session.ehlo()
+            if key is not None:
+                session.login("bench", key)
+            ready.wait()
+            for raw in share:
+                session.sendmail(f"receipts@{DOMAIN}", ["user0@example.org"], raw)
+            session.quit()
+        except BaseException as exc:  # (reported below, the run is void)
+            failures.append(exc)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                ready.abort()
+
+    threads = [threading.Thread(target=one, args=(share,)) for share in shares]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.time()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} connections failed: {failures[0]!r}")
+    return time.time() - started
+
+
+def bench_mailsvc(folder: Path, sink: Sink, count: int) -> dict:
+    database = str(folder / "bench.sqlite3")
+    _, key = prepare(database)
+    server = Submission(
+        {
+            "MAILSVC_DATABASE": database,
+            "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}",
+            "MAILSVC_SUBMISSION_ALLOW_PLAINTEXT": "true",
+            "MAILSVC_STORE_MIN_FREE_MB": "0",
+            "MAILSVC_SUBMISSION_MAX_CONNECTIONS_PER_CLIENT": "100",
+        }
+    ).start()
+    try:
+        one = count // 4
+        before = sink.count()
+        single = send_all(server.port, messages("s1", one), 1, key)
+        sink.wait_for(before + one)
+        before = sink.count()
+        started = time.time()
+        many = send_all(server.port, messages("s32", count), 32, key)
+        sink.wait_for(before + count)
+        last = max(at for at, _ in sink.received()[before:])
+    finally:
+        log = server.stop()
+    if "Traceback" in log:
+        raise RuntimeError(log)
+    return {"S1": one / single, "S32": count / many, "S32e2e": count / (last - started)}
+
+
+def bench_postfix(folder: Path, sink: Sink, count: int) -> dict:
+    why_not = postfix.available()
+    if why_not:
+        return {"skipped": why_not}
+    relay = postfix.Postfix(folder, sink.port).start()
+    try:
+        one = count // 4
+        before = sink.count()
+        single = send_all(relay.port, messages("p1", one), 1, None)
+        sink.wait_for(before + one)
+        before = sink.count()
+        started = time.time()
+        many = send_all(relay.port, messages("p32", count), 32, None)
+        sink.wait_for(before + count)
+        last = max(at for at, _ in sink.received()[before:])
+        version = relay.version()
+    finally:
+        relay.stop()
+    return {
+        "version": version,
+        "P1": one / single,
+        "P32": count / many,
+        "P32e2e": count / (last - started),
+    }
+
+
+def one_round(count: int) -> dict:
+    folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-submission-"))
+    sink = Sink(folder)
+    try:
+        return {**bench_mailsvc(folder, sink, count), **bench_postfix(folder, sink, count)}
+    finally:
+        sink.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(rounds: list[dict]) -> None:
+    figures = ["S1", "S32", "S32e2e", "P1", "P32", "P32e2e"]
+    ratios = [
+        ("S1 / P1", "S1", "P1"),
+        ("S32 / P32", "S32", "P32"),
+        ("S32e2e / P32e2e", "S32e2e", "P32e2e"),
+    ]
+    print("round  " + "  ".join(f"{name:>8}" for name in figures) + "   (messages/s)")
+    for number, figure in enumerate(rounds, 1):
+        print(f"{number:>5}  " + "  ".join(f"{figure.get(n, 0):8.0f}" for n in figures))
+    if "skipped" in rounds[0]:
+        print(f"Postfix: skipped ({rounds[0]['skipped']})")
+    else:
+        print(f"Postfix {rounds[0]['version']}")
+    for name in ("S1", "S32", "S32e2e"):
+        print(f"median {name}: {statistics.median(r[name] for r in rounds):.0f}/s")
+    for name, top, bottom in ratios:
+        if all(bottom in r for r in rounds):
+            print(f"median {name}: {statistics.median(r[top] / r[bottom] for r in rounds):.2f}")
+    print(json.dumps(rounds))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=3000, help="messages of the S32/P32 runs")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    if os.environ.get("MAILSVC_DATABASE"):
+        sys.exit("unset MAILSVC_DATABASE: the bench makes its own stores")
+    report([one_round(args.messages) for _ in range(args.rounds)])
+
+
+if __name__ == "__main__":
+    main()
