@@ -882,3 +882,44 @@ def test_check_says_whether_the_certificate_loads(deployment, tmp_path, authorit
     assert "the key does not match the certificate" in bad.stdout
     refused = run_cli(mismatched, "submission", "--listen", "127.0.0.1:1")
     assert refused.returncode == 1 and "the key does not match the certificate" in refused.stderr
+
+
+# -- reading a message as mail clients write it ---------------------------------------------
+
+
+def test_headers_are_read_as_mail_clients_write_them(deployment):
+    """Folded headers, encoded words (RFC 2047) in a subject, a display name (one that hides a
+    comma) and a file name, and UTF-8 in a header under BODY=8BITMIME."""
+    tenant = deployment.tenant()
+    raw = tenant.raw(
+        b"From: =?utf-8?q?Caf=C3=A9_Billing?= <hello@verified.test>\r\n"
+        b"To: =?utf-8?q?Doe=2C_J=C3=B6rg?= <a@example.org>,\r\n b@example.org\r\n"
+        b"Subject: Your receipt,\r\n =?utf-8?b?bsKwIDQy?=\r\n"
+        b"X-Note: na\xc3\xafve\r\n"
+        b"MIME-Version: 1.0\r\n"
+        b'Content-Type: multipart/mixed; boundary="b"\r\n\r\n'
+        b"--b\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nThanks.\r\n"
+        b"--b\r\nContent-Type: application/pdf\r\n"
+        b'Content-Disposition: attachment; filename="=?utf-8?q?re=C3=A7u.pdf?="\r\n'
+        b"Content-Transfer-Encoding: base64\r\n\r\nJVBERg==\r\n--b--\r\n"
+    )
+    with logged_in(deployment, tenant) as session:
+        session.mail(tenant.address, ["BODY=8BITMIME"])
+        session.rcpt("a@example.org")
+        session.rcpt("b@example.org")
+        code, said = session.data(raw)
+    assert code == 250, said
+    shown = deployment.shown(tenant, said.decode().split()[3])
+    assert shown["from"] == f"Café Billing <hello@{tenant.domain}>"
+    assert shown["to"] == ['"Doe, Jörg" <a@example.org>', "b@example.org"]  # one, not split
+    assert shown["subject"] == "Your receipt, n° 42"
+    assert shown["headers"] == {"X-Note": "naïve"}
+    assert [a["filename"] for a in shown["attachments"]] == ["reçu.pdf"]
+
+    latin1 = tenant.raw(
+        b"From: hello@verified.test\r\nTo: a@example.org\r\nSubject: caf\xe9\r\n\r\nx\r\n"
+    )
+    with logged_in(deployment, tenant) as session:
+        session.mail(tenant.address, ["BODY=8BITMIME"])
+        session.rcpt("a@example.org")
+        assert session.data(latin1) == (554, b"5.6.0 Subject: 8-bit bytes that are not UTF-8")
