@@ -249,14 +249,14 @@ def _submission(store: Store | None, arguments: argparse.Namespace) -> None:
     from .ops import logs
     from .ops.startup import check_or_exit
     from .settings import load_settings as resolve
-    from .submission.server import SubmissionServer
+    from .submission.server import serve
 
     settings = arguments.settings
     if arguments.listen:
         settings = resolve({"submission_listen": arguments.listen})
     logs.configure(settings.log_format)
     check_or_exit(settings)  # the store is opened (and migrated) once, or the reason said
-    SubmissionServer(settings).serve()
+    serve(settings)
 
 
 def _inbound(store: Store, arguments: argparse.Namespace) -> dict[str, Any]:

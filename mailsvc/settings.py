@@ -476,6 +476,14 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "submission_processes",
+        1,
+        "Processes of `mailsvc submission`, each with its own event loop, threads and delivery, "
+        "on one listening socket (as gunicorn's workers): one a core for the most messages a "
+        "second. The connection limits are each process's.",
+        _positive_int,
+    ),
+    Setting(
         "submission_hostname",
         "",
         "The name SMTP submission gives in its greeting and EHLO. Empty: the machine's name.",

@@ -43,10 +43,15 @@ class SubmissionServer:
     """
 
     def __init__(
-        self, settings: Settings, listen: str | None = None, clock: Callable[[], float] = time.time
+        self,
+        settings: Settings,
+        listen: str | None = None,
+        clock: Callable[[], float] = time.time,
+        sock: socket.socket | None = None,
     ) -> None:
         self.settings = settings
         self.listen = listen or settings.submission_listen
+        self.sock = sock  # a listening socket shared with other processes, or None
         self.tls = tls_context(settings)
         self.service = MailService(settings, clock)
         self.executor = ThreadPoolExecutor(
@@ -91,16 +96,17 @@ class SubmissionServer:
     async def _serve(self, stopping: asyncio.Event) -> None:
         host, _, port = self.listen.rpartition(":")
         implicit = self.settings.submission_implicit_tls
-        server = await asyncio.get_running_loop().create_server(
-            self._session,
-            host.strip("[]"),
-            int(port),
-            ssl=self.tls if implicit else None,
-            reuse_address=True,
-            backlog=256,
-        )
+        loop = asyncio.get_running_loop()
+        tls = self.tls if implicit else None
+        if self.sock is not None:
+            server = await loop.create_server(self._session, sock=self.sock, ssl=tls, backlog=256)
+        else:
+            server = await loop.create_server(
+                self._session, host.strip("[]"), int(port), ssl=tls, reuse_address=True,
+                backlog=256,
+            )  # fmt: skip
         self.service.start()
-        tls = "implicit TLS" if implicit else "STARTTLS" if self.tls else "no TLS"
+        said = "implicit TLS" if implicit else "STARTTLS" if self.tls else "no TLS"
         auth = (
             "AUTH after TLS"
             if self.tls and not self.settings.submission_allow_plaintext
@@ -109,7 +115,7 @@ class SubmissionServer:
             else "no AUTH (no TLS; see MAILSVC_SUBMISSION_ALLOW_PLAINTEXT)"
         )
         log.info(
-            "SMTP submission listening on %s (%s, %s), pid %d", self.listen, tls, auth, os.getpid()
+            "SMTP submission listening on %s (%s, %s), pid %d", self.listen, said, auth, os.getpid()
         )
         _forget_dead_live_gauges()
         _notify_systemd("READY=1")
@@ -181,3 +187,82 @@ def _notify_systemd(state: str) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         with contextlib.suppress(OSError):
             notify.sendto(state.encode(), address)
+
+
+def serve(settings: Settings, listen: str | None = None) -> None:
+    """Serve SMTP submission with ``MAILSVC_SUBMISSION_PROCESSES`` processes until SIGTERM or
+    SIGINT. With more than one, this process binds the socket, forks them (each a whole
+    :class:`SubmissionServer`), starts another if one dies, and passes a stop on to them."""
+    count = settings.submission_processes
+    address = listen or settings.submission_listen
+    tls_context(settings)  # a certificate that cannot work is said once, before any fork
+    if count == 1:
+        SubmissionServer(settings, address).serve()
+        return
+    host, _, port = address.rpartition(":")
+    listening = socket.create_server(
+        (host.strip("[]"), int(port)),
+        family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+        backlog=256,
+        reuse_port=False,
+    )
+    children: set[int] = set()
+    stopping = False
+
+    def spawn() -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: a whole submission process on the shared socket
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                _die_with_parent()
+                os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
+                SubmissionServer(settings, address, sock=listening).serve()
+                code = 0
+            except BaseException:
+                log.exception("SMTP submission process failed")
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        children.add(pid)
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for _ in range(count):
+        spawn()
+    log.info("SMTP submission: %d processes on %s, pid %d", count, address, os.getpid())
+    _notify_systemd("READY=1")
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        children.discard(pid)
+        if not stopping:
+            log.error(
+                "SMTP submission process %d ended (%s); another is started",
+                pid,
+                os.waitstatus_to_exitcode(status),
+            )
+            time.sleep(1.0)  # (not a storm of forks when every one fails at once)
+            if not stopping:
+                spawn()
+    _notify_systemd("STOPPING=1")
+    listening.close()
+
+
+def _die_with_parent() -> None:
+    """This child is killed when its parent dies (kill -9 of the service kills it whole)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

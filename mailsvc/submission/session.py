@@ -46,6 +46,9 @@ CALL_LIMITS = {
 #: Bytes between two looks at a message's deadline (and pushes of the idle timeout), at most
 #: (a second's worth at the least rate, when that is less).
 _PACE_EVERY = 65536
+#: A path as nearly every client writes it (``<local@domain>``, then its parameters): read
+#: without aiosmtpd's general RFC 5322 parser, which costs a tenth of a millisecond a path.
+_PLAIN_PATH = re.compile(r"\s*<([^<>\s\"(),;:\\\[\]]+@[^<>\s\"(),;:\\\[\]]+)>(.*)", re.S)
 _CODED = re.compile(r"\d{3}[ -][245]\.\d{1,3}\.\d{1,3}( |$)")
 #: The enhanced code a reply of aiosmtpd's own gets, by its code.
 _ENHANCED = {
@@ -190,6 +193,13 @@ class SubmissionSession(SMTP):
             self._errors += 1
             if self._errors >= MOST_ERRORS:
                 self.close("421 4.7.0 too many errors in this session; closing")
+
+    def _getaddr(self, arg: str) -> tuple[str | None, str | None]:
+        """The address of a MAIL or RCPT argument and what follows it (the parameters)."""
+        plain = _PLAIN_PATH.fullmatch(arg)
+        if plain is None:
+            return super()._getaddr(arg)  # quoted local parts, comments, source routes
+        return plain.group(1), plain.group(2)
 
     async def smtp_EHLO(self, hostname: str) -> None:  # noqa: N802 (aiosmtpd's name)
         self._bare = True

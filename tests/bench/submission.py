@@ -1,8 +1,9 @@
 """SMTP submission's benchmark: mailsvc's SMTP door beside a private Postfix, in one run.
 
-    python -m tests.bench.submission [--messages 3000] [--rounds 3]
+    python -m tests.bench.submission [--messages 3000] [--rounds 3] [--processes 2]
 
-S1   ``mailsvc submission`` taking messages on one connection, one after the other: messages/s
+S1   ``mailsvc submission`` (``--processes``, one a core, as gunicorn's workers) taking
+     messages on one connection, one after the other: messages/s
      until the last ``250``
 S32  the same on 32 connections at once (what P uses), and end to end: until the sink has the
      last one (the submission process delivers what it takes, DKIM-signed)
@@ -86,7 +87,7 @@ def send_all(port: int, payload: list[bytes], connections: int, key: str | None)
     return time.time() - started
 
 
-def bench_mailsvc(folder: Path, sink: Sink, count: int) -> dict:
+def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> dict:
     database = str(folder / "bench.sqlite3")
     _, key = prepare(database)
     server = Submission(
@@ -96,6 +97,7 @@ def bench_mailsvc(folder: Path, sink: Sink, count: int) -> dict:
             "MAILSVC_SUBMISSION_ALLOW_PLAINTEXT": "true",
             "MAILSVC_STORE_MIN_FREE_MB": "0",
             "MAILSVC_SUBMISSION_MAX_CONNECTIONS_PER_CLIENT": "100",
+            "MAILSVC_SUBMISSION_PROCESSES": str(processes),
         }
     ).start()
     try:
@@ -141,11 +143,12 @@ def bench_postfix(folder: Path, sink: Sink, count: int) -> dict:
     }
 
 
-def one_round(count: int) -> dict:
+def one_round(count: int, processes: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-submission-"))
     sink = Sink(folder)
     try:
-        return {**bench_mailsvc(folder, sink, count), **bench_postfix(folder, sink, count)}
+        mailsvc = bench_mailsvc(folder, sink, count, processes)
+        return {**mailsvc, **bench_postfix(folder, sink, count)}
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -179,10 +182,13 @@ def main() -> None:
     )
     parser.add_argument("--messages", type=int, default=3000, help="messages of the S32/P32 runs")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--processes", type=int, default=2, help="MAILSVC_SUBMISSION_PROCESSES (one a core)"
+    )
     args = parser.parse_args()
     if os.environ.get("MAILSVC_DATABASE"):
         sys.exit("unset MAILSVC_DATABASE: the bench makes its own stores")
-    report([one_round(args.messages) for _ in range(args.rounds)])
+    report([one_round(args.messages, args.processes) for _ in range(args.rounds)])
 
 
 if __name__ == "__main__":
