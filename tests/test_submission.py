@@ -12,6 +12,7 @@ import signal
 import smtplib
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -963,3 +964,28 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
     children = {int(pid) for pid in re.findall(r"listening on .*, pid (\d+)", crashed.log())}
     crashed.stop(signal.SIGKILL)  # kill -9 of the service's process: its children go with it
     wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10, "gone")
+
+
+def test_a_bounce_report_reaches_a_message_sent_over_smtp(deployment):
+    """After the handoff, a message sent over SMTP is an email like any other: the relay's
+    report of a bounce (matched by its Message-ID, as without a return-path domain) marks its
+    recipient bounced and suppresses the address for the account."""
+    from .test_bounces import dsn
+
+    tenant = deployment.tenant()
+    mail = message(tenant, to="gone@example.org")
+    with logged_in(deployment, tenant) as session:
+        email_id = queued_id(submit(session, mail, tenant.address, ["gone@example.org"])[2])
+    wait_until(lambda: deployment.shown(tenant, email_id)["status"] == "sent", what="sent")
+    report = dsn(tenant.address, "gone@example.org", mail["Message-ID"])
+    done = subprocess.run(
+        [sys.executable, "-m", "mailsvc", "inbound"],
+        input=report, capture_output=True, env={**os.environ, **deployment.settings}, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = deployment.shown(tenant, email_id)
+    assert shown["status"] == "bounced"
+    assert shown["recipients"][0]["status"] == "bounced"
+    assert "bounced" in [event["type"] for event in shown["events"]]
+    suppressed = deployment.client.get("/v1/suppressions", headers=tenant.headers).get_json()
+    assert [s["address"] for s in suppressed["data"]] == ["gone@example.org"]
