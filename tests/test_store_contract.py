@@ -512,3 +512,37 @@ def test_charges_to_a_bucket_all_count_and_leave_it_below_empty_only_where_owed(
     assert tokens_at(bucket, 1000, 630.0) == -500.0
     stores[1].write(lambda tx: tx.charge_bucket("acc_1", owed, 100.0, 1000, 630.0))
     assert stores[0].reads.get_bucket("acc_1", owed) == (None, (-600.0, 630.0))
+
+
+def test_a_dashboard_session_is_seen_by_every_store_and_ends_everywhere_at_once(stores):
+    owner = account(stores[0])
+    stores[0].write(lambda tx: tx.create_api_key("key_1", owner, b"hash", "full", 0.0))
+    for n in (1, 2, 3):
+        stores[n % 2].write(
+            lambda tx, n=n: tx.open_dashboard_session(bytes([n]) * 32, owner, "key_1", 10.0, 60)
+        )
+    seen = [store.reads.get_dashboard_session(b"\x01" * 32) for store in stores]
+    assert all(s is not None and (s.account_id, s.key_id) == (owner, "key_1") for s in seen)
+    # Sign-out ends the session on every host: one of two racing ends finds it.
+    ended = race(stores, lambda s, n: s.write(lambda tx: tx.end_dashboard_session(b"\x01" * 32)))
+    assert sorted(ended) == [False] * (RACERS - 1) + [True]
+    assert all(store.reads.get_dashboard_session(b"\x01" * 32) is None for store in stores)
+    # Revoking the key ends every session it opened, on every host.
+    stores[1].write(lambda tx: tx.revoke_api_key("key_1", 20.0))
+    for store in stores:
+        assert store.reads.get_dashboard_session(b"\x02" * 32) is None
+        assert store.reads.get_dashboard_session(b"\x03" * 32) is None
+
+
+def test_a_dashboard_session_is_seen_at_most_every_30_seconds_and_idle_ones_go(stores):
+    owner = account(stores[0])
+    stores[0].write(lambda tx: tx.create_api_key("key_1", owner, b"hash", "full", 0.0))
+    stores[0].write(lambda tx: tx.open_dashboard_session(b"a" * 32, owner, "key_1", 100.0, 60))
+    stores[1].write(lambda tx: tx.see_dashboard_session(b"a" * 32, 110.0))
+    assert stores[2].reads.get_dashboard_session(b"a" * 32).seen_at == 100.0  # (< 30 s)
+    stores[1].write(lambda tx: tx.see_dashboard_session(b"a" * 32, 140.0))
+    assert stores[2].reads.get_dashboard_session(b"a" * 32).seen_at == 140.0
+    # A new session of the account's clears those idle for longer than the idle lifetime.
+    stores[0].write(lambda tx: tx.open_dashboard_session(b"b" * 32, owner, "key_1", 300.0, 60))
+    assert stores[3].reads.get_dashboard_session(b"a" * 32) is None
+    assert stores[3].reads.get_dashboard_session(b"b" * 32) is not None

@@ -73,7 +73,11 @@ class KeyVerbs:
             f"UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?{owned}",
             (now, key_id, *values),
         )
-        return cursor.rowcount == 1
+        if cursor.rowcount != 1:
+            return False
+        # Every dashboard session the key opened ends with it.
+        self.connection.execute("DELETE FROM dashboard_sessions WHERE key_id = ?", (key_id,))
+        return True
 
     def touch_api_key(self, key_id: str, now: float) -> None:
         self.run(

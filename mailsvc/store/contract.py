@@ -24,6 +24,7 @@ from .records import (
     ApiKey,
     Attachment,
     Caller,
+    DashboardSession,
     Domain,
     EmailFilter,
     EmailRecord,
@@ -196,6 +197,13 @@ class Reads(Protocol):
 
     def get_service_secret(self, name: str) -> bytes | None: ...
 
+    # -- dashboard sessions -----------------------------------------------------------------
+
+    def get_dashboard_session(self, id_hash: bytes) -> DashboardSession | None:
+        """The dashboard session whose id hashes to ``id_hash``, while its key is not revoked
+        (a session outlives neither its key nor its end)."""
+        ...
+
     # -- operating it ---------------------------------------------------------------------
 
     def queue_depth(self, now: float) -> tuple[dict[str, int], float | None]:
@@ -273,6 +281,27 @@ class Writes(Reads, Protocol):
 
     def touch_api_key(self, key_id: str, now: float) -> None:
         """Note that the key was used (at most once a minute is written)."""
+        ...
+
+    # -- dashboard sessions -----------------------------------------------------------------
+
+    def open_dashboard_session(
+        self, id_hash: bytes, account_id: str, key_id: str, now: float, idle_seconds: float
+    ) -> None:
+        """A new session of the account's, opened with the key (and its sessions idle for
+        longer than ``idle_seconds`` gone)."""
+        ...
+
+    def see_dashboard_session(self, id_hash: bytes, now: float) -> None:
+        """Note that the session was used (at most every 30 s is written)."""
+        ...
+
+    def end_dashboard_session(self, id_hash: bytes) -> bool:
+        """End a session: every host sees it gone once committed. False when there was none."""
+        ...
+
+    def end_dashboard_sessions_of_key(self, key_id: str) -> int:
+        """End every session the key opened (revoking a key does, too); how many."""
         ...
 
     # -- domains ------------------------------------------------------------------------

@@ -38,6 +38,16 @@ class ApiKey:
 
 
 @dataclass(frozen=True)
+class DashboardSession:
+    """A browser signed in to the dashboard: whose, with which key, since when."""
+
+    account_id: str
+    key_id: str
+    created_at: float
+    seen_at: float
+
+
+@dataclass(frozen=True)
 class Domain:
     id: str
     account_id: str

@@ -42,6 +42,7 @@ LEFT_BEHIND = {
     "rate_buckets": "a bucket refills within a minute",
     "probes": "a readiness probe's last write",
     "turns": "who purges old mail now: taken again at the next interval",
+    "dashboard_sessions": "a browser signs in again (a move is a restart)",
 }
 #: Tables whose ``seq`` is an identity column: its sequence goes on after the copied rows.
 _SEQUENCED = (

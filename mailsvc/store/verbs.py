@@ -8,6 +8,7 @@ from typing import Any
 
 from .accounts import AccountVerbs
 from .api_keys import KeyVerbs
+from .dashboard_sessions import DashboardSessionVerbs
 from .domains import DomainVerbs
 from .idempotency import IdempotencyVerbs
 from .maintenance import OperationVerbs
@@ -32,6 +33,7 @@ class SqlVerbs(
     IdempotencyVerbs,
     SecretVerbs,
     OperationVerbs,
+    DashboardSessionVerbs,
 ):
     """The verbs of :class:`~mailsvc.store.contract.Writes` (and so of ``Reads``), in SQL."""
 
