@@ -23,6 +23,7 @@ submission (``submission/``) takes the same path with its own steps 1 to 4.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,15 +37,23 @@ from werkzeug.wsgi import ClosingIterator
 
 from .api.dependencies import build_dependencies
 from .api.public import Process, Text
-from .api.writes import Wakers, carry_out
+from .api.writes import Wakers, Written, carry_out
+from .dashboard.site import Dashboard
 from .delivery import DeliveryPool
 from .errors import RateLimited, ServiceError, render_error
 from .http import access_log as access
 from .http import idempotency
-from .http.auth import Principal, authenticate, check_bearer, read_token, require_scope
+from .http.auth import (
+    Principal,
+    authenticate,
+    check_bearer,
+    principal_of,
+    read_token,
+    require_scope,
+)
 from .http.endpoints import Endpoint
 from .http.idempotency import Claim
-from .http.inputs import AUTHENTICATED, Input, discard_unread_body, read_input
+from .http.inputs import AUTHENTICATED, Input, check_document, discard_unread_body, read_input
 from .http.openapi import build as build_openapi
 from .http.openapi import route_template
 from .http.validation import Schemas
@@ -92,6 +101,7 @@ class MailService:
             settings.idempotency_ttl_seconds,
         )
         self.wakers = Wakers(self.delivery.wake, self.webhooks.wake)
+        self._dashboard = Dashboard(self) if settings.dashboard else None
         self.url_map: Map = URL_MAP
         self._openapi: bytes | None = None
         self.store.on_commit = metrics.observe_commit
@@ -129,7 +139,10 @@ class MailService:
         request = Request(environ)
         request_id = access.request_id(request.headers.get(access.HEADER))
         try:
-            response = self.dispatch(request)
+            if self._dashboard is not None and _is_dashboard(request.path):
+                response = self._dashboard(request)
+            else:
+                response = self.dispatch(request)
         except Exception as exc:
             response = render_error(exc)
         response.headers[access.HEADER] = request_id
@@ -204,10 +217,27 @@ class MailService:
     def _handle(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
     ) -> Response:
-        caller = admission.principal
         if "email_id" in matched:
             request.environ[access.EMAIL] = matched["email_id"]
         given = read_input(request, endpoint, self.schemas, self.settings)
+        claim = self._claim(request, admission.principal, given, admission.now)
+        written = self._perform(endpoint, matched, given, admission, claim)
+        if written.replayed:
+            return _json_response(written.body, written.status, {"Idempotent-Replayed": "true"})
+        if written.accepted:
+            request.environ[access.EMAIL] = ",".join(written.accepted)
+        return _json_response(written.body, written.status)
+
+    def _perform(
+        self,
+        endpoint: Endpoint,
+        matched: Mapping[str, Any],
+        given: Input,
+        admission: Admission,
+        claim: Claim | None,
+    ) -> Written:
+        """Steps 4 to 6 of the module's order, for a caller admitted and an input checked."""
+        caller = admission.principal
         self.deps.keyring.load()  # never from inside a read transaction (see keyring)
         require_scope(caller, endpoint.scopes)
         arguments = {**matched, **given.arguments}
@@ -216,16 +246,45 @@ class MailService:
         if not endpoint.writes:
             with self.store.read() as view:
                 data = endpoint.handler(view, caller, self.deps, **arguments)
-            return _json_response(json.dumps(data), endpoint.status)
-        claim = self._claim(request, caller, given, admission.now)
-        written = carry_out(
+            return Written(endpoint.status, json.dumps(data))
+        return carry_out(
             self.store, self.deps, self.wakers, endpoint, caller, admission, arguments, claim
         )
-        if written.replayed:
-            return _json_response(written.body, written.status, {"Idempotent-Replayed": "true"})
-        if written.accepted:
-            request.environ[access.EMAIL] = ",".join(written.accepted)
-        return _json_response(written.body, written.status)
+
+    def act(
+        self,
+        key_id: str,
+        endpoint: Endpoint,
+        matched: Mapping[str, Any] | None = None,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """What the API answers ``endpoint`` (its JSON data), asked by another door of this app
+        (the dashboard) with the key ``key_id`` it has checked: every check, limit and cost of
+        the API's, the rate-limit token included.
+
+        :raises ServiceError: what the API would answer as an error.
+        """
+        principal, caller = principal_of(self.store.reads.get_caller(key_id, endpoint.rate_group))
+        admission = self.deps.limiter.admit(caller, principal, endpoint.rate_group, self.clock())
+        limited = False
+        try:
+            with template_cpu.metering(admission.template_cpu, self.store.reads):
+                if endpoint.writes:
+                    self.store.check_room(self.settings.store_min_free_mb * 2**20)
+                given = Input()
+                if endpoint.schema is not None:
+                    document = dict(query or {}) if body is None else body
+                    value = check_document(document, endpoint, self.schemas, self.settings)
+                    given = Input({"query" if body is None else "body": value}, document)
+                written = self._perform(endpoint, matched or {}, given, admission, None)
+        except RateLimited:
+            limited = True
+            raise
+        finally:
+            with contextlib.suppress(ServiceError, StoreOutage):
+                self.deps.limiter.settle(self.store, admission, limited)
+        return json.loads(written.body)
 
     def _claim(self, request: Request, caller: Principal, given: Input, now: float) -> Claim | None:
         if request.method != "POST":
@@ -240,6 +299,10 @@ class MailService:
             now,
             self.settings.idempotency_ttl_seconds,
         )
+
+
+def _is_dashboard(path: str) -> bool:
+    return path == "/dashboard" or path.startswith("/dashboard/")
 
 
 def _json_response(body: str, status: int, headers: dict[str, str] | None = None) -> Response:

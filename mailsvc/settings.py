@@ -422,6 +422,30 @@ SETTINGS: tuple[Setting, ...] = (
         _boolean,
     ),
     Setting(
+        "dashboard",
+        "true",
+        "Serve the dashboard (`/dashboard`: pages for people, signed in with an API key).",
+        _boolean,
+    ),
+    Setting(
+        "dashboard_idle_minutes",
+        30.0,
+        "A dashboard session unused this long has ended.",
+        _positive_float,
+    ),
+    Setting(
+        "dashboard_lifetime_hours",
+        12.0,
+        "A dashboard session has ended this long after its sign-in, used or not.",
+        _positive_float,
+    ),
+    Setting(
+        "dashboard_signins_per_minute",
+        10,
+        "Sign-in attempts one client address may make a minute, on every worker and host.",
+        _positive_int,
+    ),
+    Setting(
         "submission_listen",
         "127.0.0.1:2587",
         "Address `mailsvc submission` (SMTP submission) listens on (`--listen` overrides it).",

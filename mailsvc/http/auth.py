@@ -95,7 +95,19 @@ def authenticate(token: Token, reads: Reads, route_group: str) -> tuple[Principa
     """
     caller = reads.get_caller(token.key_id, route_group)
     key = caller.key if caller is not None else None
-    if key is None or key.revoked or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
+    if key is None or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
+        raise NotAuthenticated("Authorization: unknown or revoked API key")
+    return principal_of(caller)
+
+
+def principal_of(caller: Caller | None) -> tuple[Principal, Caller]:
+    """The principal of a key the store has read (a session's key, which another door has
+    checked before), with its caller.
+
+    :raises NotAuthenticated: there is no such key, or it is revoked.
+    """
+    key = caller.key if caller is not None else None
+    if key is None or key.revoked:
         raise NotAuthenticated("Authorization: unknown or revoked API key")
     assert caller is not None
     return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at), caller

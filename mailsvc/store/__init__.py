@@ -24,6 +24,7 @@ from .records import (
     Attachment,
     AttachmentInfo,
     Caller,
+    DashboardSession,
     Domain,
     EmailFilter,
     EmailRecord,
@@ -64,6 +65,7 @@ def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int =
 
 
 __all__ = [
+    "DashboardSession",
     "Account",
     "ApiKey",
     "Attachment",

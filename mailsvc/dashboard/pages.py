@@ -1,0 +1,170 @@
+"""The dashboard's pages: each asks the API's own path (``MailService.act``) with the session's
+key, and renders what it answers."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from werkzeug.exceptions import NotFound
+from werkzeug.utils import redirect
+from werkzeug.wrappers import Request, Response
+
+from .. import statuses
+from ..errors import NotAuthenticated, RateLimited, ValidationFailed
+from ..http.auth import authenticate, key_token
+from ..routes import CANCEL_EMAIL, GET_EMAIL, LIST_EMAILS
+from ..store import TokenExhausted
+from . import security, sessions
+from .sessions import SignedIn
+
+if TYPE_CHECKING:
+    from .site import Dashboard
+
+#: The cookie that ties the sign-in form to the browser that loaded it (login CSRF).
+SIGN_IN_COOKIE = "mailsvc_signin"
+#: The rate-limit bucket of sign-in attempts, per client address.
+SIGN_IN_GROUP = "dashboard_signin"
+#: The statuses a list may be filtered by (those of ``GET /v1/emails?status=``).
+EMAIL_STATUSES = (
+    statuses.SCHEDULED, statuses.QUEUED, statuses.SENDING, statuses.DEFERRED, statuses.SENT,
+    statuses.PARTIALLY_SENT, statuses.FAILED, statuses.CANCELED, statuses.BOUNCED,
+)  # fmt: skip
+_STATIC = {"dashboard.css": "text/css; charset=utf-8", "dashboard.js": "text/javascript"}
+
+
+def _sign_in_token(nonce: str) -> str:
+    return hmac.new(nonce.encode(), b"mailsvc dashboard sign-in", hashlib.sha256).hexdigest()
+
+
+def _set_cookie(dash: Dashboard, request: Request, response: Response, name: str, value: str,
+                path: str = "/", max_age: int | None = None) -> None:  # fmt: skip
+    response.set_cookie(
+        name, value, max_age=max_age, path=path, secure=security.over_https(request),
+        httponly=True, samesite="Strict",
+    )  # fmt: skip
+
+
+def to_sign_in(dash: Dashboard, request: Request) -> Response:
+    return redirect("/dashboard", 303)
+
+
+def sign_in_form(dash: Dashboard, request: Request, problem: str | None = None,
+                 status: int = 200) -> Response:  # fmt: skip
+    if problem is None and dash.session(request) is not None:
+        return redirect("/dashboard/emails", 303)
+    nonce = secrets.token_urlsafe(32)
+    response = dash.render(
+        "sign_in.html", status=status, signed_in=None, csrf_token=_sign_in_token(nonce),
+        problem=problem, idle_minutes=round(dash.settings.dashboard_idle_minutes),
+    )  # fmt: skip
+    _set_cookie(dash, request, response, SIGN_IN_COOKIE, nonce, path="/dashboard")
+    return response
+
+
+def sign_in(dash: Dashboard, request: Request) -> Response:
+    service, settings = dash.service, dash.settings
+    nonce = request.cookies.get(SIGN_IN_COOKIE, "")
+    security.check_form(request, _sign_in_token(nonce) if nonce else "-")
+    now = service.clock()
+    per_minute = settings.dashboard_signins_per_minute
+    address = security.client_address(request)
+    try:  # every attempt counts, on every worker and host, before the key is looked at
+        service.store.write(
+            lambda tx: tx.spend_token(f"address:{address}", SIGN_IN_GROUP, per_minute, now)
+        )
+    except TokenExhausted:
+        raise RateLimited(
+            f"too many sign-in attempts from your address: at most {per_minute} a minute",
+            60 / per_minute,
+        ) from None
+    token = key_token(request.form.get("key", "").strip())
+    if token is None:
+        return sign_in_form(dash, request, "That is not an API key (they begin with ms_).", 401)
+    try:
+        principal, _ = authenticate(token, service.store.reads, "other")
+    except NotAuthenticated:
+        return sign_in_form(dash, request, "That API key is unknown or revoked.", 401)
+    session_id = sessions.new_session_id()
+    hashed = sessions.id_hash(session_id)
+    idle = settings.dashboard_idle_minutes * 60
+    service.store.write(
+        lambda tx: tx.open_dashboard_session(
+            hashed, principal.account_id, principal.key_id, now, idle
+        )
+    )
+    response = redirect("/dashboard/emails", 303)
+    lifetime = int(settings.dashboard_lifetime_hours * 3600)
+    _set_cookie(dash, request, response, dash.cookie_name(request), sessions.encode(session_id),
+                max_age=lifetime)  # fmt: skip
+    response.delete_cookie(SIGN_IN_COOKIE, path="/dashboard")
+    return response
+
+
+def sign_out(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    hashed = sessions.id_hash(signed_in.session_id)
+    dash.service.store.write(lambda tx: tx.end_dashboard_session(hashed))
+    response = redirect("/dashboard", 303)
+    response.delete_cookie(dash.cookie_name(request), path="/", secure=security.over_https(request),
+                           httponly=True, samesite="Strict")  # fmt: skip
+    return response
+
+
+def emails(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    repeated = [name for name, values in request.args.lists() if len(values) > 1]
+    query = {name: value for name, value in request.args.items() if value.strip()}
+    filters = {name: query.get(name, "") for name in ("status", "to", "tag")}
+    try:
+        if repeated:
+            raise ValidationFailed(f"{repeated[0]}: given more than once")
+        page = dash.service.act(signed_in.record.key_id, LIST_EMAILS, query=query)
+        problem, status = None, 200
+    except ValidationFailed as exc:
+        page, problem, status = {"data": [], "hasMore": False, "nextCursor": None}, exc.message, 400
+    older = None
+    if page["nextCursor"]:
+        older = {**{k: v for k, v in filters.items() if v}, "cursor": page["nextCursor"]}
+    return dash.render(
+        "emails.html", status=status, signed_in=signed_in, page=page, filters=filters,
+        statuses=EMAIL_STATUSES, problem=problem, older=older,
+    )  # fmt: skip
+
+
+def _email(dash: Dashboard, signed_in: SignedIn, email_id: str) -> dict[str, Any]:
+    return dash.service.act(signed_in.record.key_id, GET_EMAIL, {"email_id": email_id})
+
+
+def email(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
+    shown = _email(dash, signed_in, email_id)
+    record = dash.service.store.reads.get_email(signed_in.record.account_id, email_id)
+    text = record.text if record is not None else None
+    has_html = bool(record is not None and record.html)
+    return dash.render(
+        "email.html", signed_in=signed_in, email=shown, text=text, has_html=has_html,
+    )  # fmt: skip
+
+
+def preview(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
+    """The email's HTML alone, for the sandboxed frame of its page (served with a policy that
+    lets it run nothing and fetch nothing)."""
+    _email(dash, signed_in, email_id)  # the API's checks: the account's own email, a token
+    record = dash.service.store.reads.get_email(signed_in.record.account_id, email_id)
+    html = record.html if record is not None and record.html else "<p>(no HTML part)</p>"
+    return Response(html, content_type="text/html; charset=utf-8")
+
+
+def cancel(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, CANCEL_EMAIL, {"email_id": email_id})
+    return redirect(f"/dashboard/emails/{email_id}", 303)
+
+
+def static(dash: Dashboard, request: Request, name: str) -> Response:
+    if name not in _STATIC:
+        raise NotFound()
+    body = resources.files("mailsvc.dashboard").joinpath("static", name).read_bytes()
+    return Response(body, content_type=_STATIC[name])
