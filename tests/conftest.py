@@ -149,6 +149,8 @@ def answers_match_the_document(
 
     def checked(request: Any, response: Any, started: float, request_id: str) -> None:
         route = request.environ.get(access.ROUTE, "")
+        if route.startswith("/dashboard"):
+            return record(request, response, started, request_id)  # pages, not the API's
         documented_answers.check(
             request.method,
             route,

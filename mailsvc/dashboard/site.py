@@ -13,6 +13,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from ..errors import NotAuthenticated, RateLimited, ServiceError
+from ..http import access_log as access
 from ..store import StoreOutage
 from . import pages, security, sessions
 
@@ -55,8 +56,10 @@ class Dashboard:
 
     def __call__(self, request: Request) -> Response:
         policy = security.PAGE_POLICY
+        request.environ[access.ROUTE] = PREFIX  # (the access log's and metrics' route)
         try:
             rule, arguments = _ROUTES.bind_to_environ(request.environ).match(return_rule=True)
+            request.environ[access.ROUTE] = rule.rule
             endpoint = str(rule.endpoint)
             handler: Callable[..., Response] = getattr(pages, endpoint)
             if endpoint in _OPEN:

@@ -1,0 +1,253 @@
+"""The dashboard's sessions, forms and isolation, through the real WSGI app on both backends:
+cookies, CSRF and Origin, sign-out and revocation, lifetimes, the sign-in limit, escaping, and
+another account's mail. (In a real browser, with axe-core: test_dashboard_browser.py.)"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app, operator
+from mailsvc.timestamps import iso_time
+
+from .conftest import Tenant, email_body, make_tenant
+
+ORIGIN = {"Origin": "http://localhost"}
+#: A request that came through the shipped nginx (on this machine).
+PROXIED = {"REMOTE_ADDR": "127.0.0.1"}
+
+
+def form_token(page: Any) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.get_data(as_text=True))
+    assert found, page.get_data(as_text=True)[:500]
+    return found.group(1)
+
+
+def sign_in(client: Client, key: str, **headers: str) -> Any:
+    """The sign-in form, then the key; with ``headers``, as through the proxy."""
+    environ = PROXIED if headers else None
+    form = client.get("/dashboard", headers=headers, environ_base=environ)
+    return client.post(
+        "/dashboard/sign-in",
+        data={"key": key, "csrf_token": form_token(form)},
+        headers={**ORIGIN, **headers},
+        environ_base=environ,
+    )
+
+
+def signed_in(app, tenant: Tenant) -> Client:
+    browser = Client(app)
+    assert sign_in(browser, tenant.key).status_code == 303
+    return browser
+
+
+def send(app, tenant: Tenant, **fields: Any) -> str:
+    response = Client(app).post("/v1/emails", json=email_body(**fields), headers=tenant.headers)
+    assert response.status_code == 200, response.get_json()
+    return response.get_json()["id"]
+
+
+def test_sign_in_holds_a_random_session_id_in_a_strict_cookie_never_the_key(app, tenant):
+    browser = Client(app)
+    answered = sign_in(browser, tenant.key)
+    assert answered.status_code == 303 and answered.headers["Location"] == "/dashboard/emails"
+    [cookie] = [c for c in answered.headers.getlist("Set-Cookie") if "mailsvc_session=" in c]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
+    value = cookie.split(";")[0].split("=", 1)[1]
+    assert len(value) == 43 and value not in tenant.key and tenant.key not in cookie
+    page = browser.get("/dashboard/emails")
+    assert page.status_code == 200 and "Sign out" in page.get_data(as_text=True)
+
+
+def test_over_https_behind_the_proxy_the_cookie_is_secure_and_host_only(app, tenant):
+    https = {"X-Forwarded-Proto": "https"}
+    browser = Client(app)
+    form = browser.get("/dashboard", headers=https, environ_base=PROXIED)
+    answered = browser.post(
+        "/dashboard/sign-in",
+        data={"key": tenant.key, "csrf_token": form_token(form)},
+        headers={"Origin": "https://localhost", **https},
+        environ_base=PROXIED,
+    )
+    [cookie] = [c for c in answered.headers.getlist("Set-Cookie") if "session=" in c]
+    assert cookie.startswith("__Host-mailsvc_session=") and "Secure" in cookie
+    assert browser.get("/dashboard/emails", headers=https, environ_base=PROXIED).status_code == 200
+    # The same header from a client that is not the proxy is not believed.
+    direct = sign_in(Client(app), tenant.key)
+    assert all("Secure" not in c for c in direct.headers.getlist("Set-Cookie"))
+
+
+def test_every_page_carries_the_security_headers(app, tenant):
+    browser = signed_in(app, tenant)
+    email_id = send(app, tenant)
+    for path in (
+        "/dashboard",
+        "/dashboard/emails",
+        f"/dashboard/emails/{email_id}",
+        "/dashboard/x",
+    ):
+        page = browser.get(path)
+        policy = page.headers["Content-Security-Policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, path
+        assert "unsafe-inline" not in policy and "http" not in policy, path
+        assert page.headers["X-Content-Type-Options"] == "nosniff"
+        assert page.headers["Referrer-Policy"] == "same-origin"
+        assert page.mimetype == "text/html", path  # a page for people, errors too
+    preview = browser.get(f"/dashboard/emails/{email_id}/preview")
+    assert "sandbox" in preview.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in preview.headers["Content-Security-Policy"]
+
+
+def test_a_form_without_its_token_or_from_another_origin_changes_nothing(app, tenant, clock):
+    scheduled = send(app, tenant, scheduledAt=iso_time(clock() + 86400))
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get(f"/dashboard/emails/{scheduled}"))
+    cancel = f"/dashboard/emails/{scheduled}/cancel"
+    for data, headers in [
+        ({}, ORIGIN),  # no token
+        ({"csrf_token": "0" * 64}, ORIGIN),  # a wrong one
+        ({"csrf_token": token}, {"Origin": "https://evil.example"}),  # another site
+        ({"csrf_token": token}, {}),  # no Origin
+    ]:
+        refused = browser.post(cancel, data=data, headers=headers)
+        assert refused.status_code == 403 and refused.mimetype == "text/html"
+        assert app.store.reads.get_email(tenant.id, scheduled).status == "scheduled"
+    done = browser.post(cancel, data={"csrf_token": token}, headers=ORIGIN)
+    assert done.status_code == 303
+    assert app.store.reads.get_email(tenant.id, scheduled).status == "canceled"
+    # Sign-in is a form too (login CSRF): without the token of its own page it is refused.
+    refused = Client(app).post("/dashboard/sign-in", data={"key": tenant.key}, headers=ORIGIN)
+    assert refused.status_code == 403
+
+
+def test_sign_out_ends_the_session_on_the_server(app, tenant):
+    browser = signed_in(app, tenant)
+    cookie = browser.get_cookie("mailsvc_session")
+    assert cookie is not None
+    token = form_token(browser.get("/dashboard/emails"))
+    assert (
+        browser.post("/dashboard/sign-out", data={"csrf_token": token}, headers=ORIGIN).status_code
+        == 303
+    )
+    replayed = Client(app)  # the old cookie, kept by someone
+    replayed.set_cookie("mailsvc_session", cookie.value)
+    gone = replayed.get("/dashboard/emails")
+    assert gone.status_code == 303 and gone.headers["Location"] == "/dashboard"
+
+
+def test_revoking_the_key_ends_every_session_it_opened(app, tenant):
+    first, second = signed_in(app, tenant), signed_in(app, tenant)
+    other = make_tenant(app, domain="other.test")
+    operator.revoke_key(app.store, tenant.key_id)
+    for browser in (first, second):
+        assert browser.get("/dashboard/emails").status_code == 303
+    assert signed_in(app, other).get("/dashboard/emails").status_code == 200
+    refused = sign_in(Client(app), tenant.key)
+    assert refused.status_code == 401 and "unknown or revoked" in refused.get_data(as_text=True)
+
+
+def test_a_session_ends_when_idle_and_at_its_lifetime(config, clock):
+    config.update(dashboard_idle_minutes=10, dashboard_lifetime_hours=1)
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    idle = signed_in(app, tenant)
+    clock.advance(11 * 60)
+    assert idle.get("/dashboard/emails").status_code == 303
+    used = signed_in(app, tenant)
+    for _ in range(6):  # used every 9 minutes: never idle, but an hour is its lifetime
+        clock.advance(9 * 60)
+        assert used.get("/dashboard/emails").status_code == 200
+    clock.advance(9 * 60)
+    assert used.get("/dashboard/emails").status_code == 303
+
+
+def test_sign_in_attempts_are_limited_per_client_address(config, clock):
+    config.update(dashboard_signins_per_minute=3)
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    for _ in range(3):
+        assert sign_in(Client(app), "ms_" + "a" * 26 + "_" + "b" * 52).status_code == 401
+    limited = sign_in(Client(app), tenant.key)  # even the right key: the address is spent
+    assert limited.status_code == 429 and "Retry-After" in limited.headers
+    assert "too many sign-in attempts" in limited.get_data(as_text=True)
+    elsewhere = sign_in(Client(app), tenant.key, **{"X-Forwarded-For": "203.0.113.7"})
+    assert elsewhere.status_code == 303  # another address behind the proxy has its own
+    clock.advance(60)
+    assert sign_in(Client(app), tenant.key).status_code == 303
+
+
+def test_another_accounts_email_is_a_404_page(app, tenant):
+    other = make_tenant(app, domain="other.test")
+    theirs = send(app, other, **{"from": "Other <hello@other.test>"})
+    browser = signed_in(app, tenant)
+    for path in (f"/dashboard/emails/{theirs}", f"/dashboard/emails/{theirs}/preview"):
+        page = browser.get(path)
+        assert page.status_code == 404 and page.mimetype == "text/html", path
+    listed = browser.get("/dashboard/emails").get_data(as_text=True)
+    assert theirs not in listed
+
+
+def test_what_tenants_wrote_is_escaped(app, tenant):
+    hostile = "<script>alert(1)</script><img src=x onerror=alert(2)>\"'"
+    email_id = send(
+        app, tenant, subject=hostile, text=hostile, tags=[{"name": "t", "value": "x"}],
+        headers={"X-Note": hostile},
+    )  # fmt: skip
+    browser = signed_in(app, tenant)
+    for path in ("/dashboard/emails", f"/dashboard/emails/{email_id}"):
+        html = browser.get(path).get_data(as_text=True)
+        assert "<script>alert" not in html and "<img src=x" not in html, path
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, path
+
+
+def test_filters_use_the_apis_query_names_and_its_errors(app, tenant):
+    send(app, tenant, to="alice@example.org", tags=[{"name": "flow", "value": "reset"}])
+    send(app, tenant, to="bob@example.org")
+    browser = signed_in(app, tenant)
+    page = browser.get("/dashboard/emails?to=alice@example.org&status=").get_data(as_text=True)
+    assert "alice@example.org" in page and "bob@example.org" not in page
+    page = browser.get("/dashboard/emails?tag=flow:reset").get_data(as_text=True)
+    assert "alice@example.org" in page and "bob@example.org" not in page
+    bad = browser.get("/dashboard/emails?tag=nonsense")
+    assert bad.status_code == 400 and "tag: must be name:value" in bad.get_data(as_text=True)
+
+
+def test_pages_are_paged_with_the_apis_cursor(app, tenant):
+    for n in range(3):
+        send(app, tenant, to=f"u{n}@example.org")
+    browser = signed_in(app, tenant)
+    first = browser.get("/dashboard/emails?limit=2").get_data(as_text=True)
+    assert "u2@example.org" in first and "u1@example.org" in first and "u0@" not in first
+    older = re.search(r'href="(/dashboard/emails\?[^"]+)" rel="next"', first)
+    assert older
+    second = browser.get(older.group(1).replace("&amp;", "&")).get_data(as_text=True)
+    assert "u0@example.org" in second and "u2@" not in second
+
+
+def test_a_dashboard_page_costs_what_the_api_request_costs(config, clock):
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    operator.set_limit(app.store, tenant.id, "list", 2)
+    browser = signed_in(app, tenant)
+    assert browser.get("/dashboard/emails").status_code == 200
+    assert browser.get("/dashboard/emails").status_code == 200
+    limited = browser.get("/dashboard/emails")  # the list bucket the API's GETs draw on
+    assert limited.status_code == 429 and limited.mimetype == "text/html"
+    api = Client(app).get("/v1/emails", headers=tenant.headers)
+    assert api.status_code == 429
+
+
+def test_an_operator_can_turn_it_off(config):
+    config.update(dashboard=False)
+    app = create_app(config)
+    answered = Client(app).get("/dashboard")
+    assert answered.status_code == 404 and answered.mimetype == "application/json"
+
+
+@pytest.mark.parametrize("path", ["/dashboard/emails", "/dashboard/emails/em_x"])
+def test_without_a_session_a_page_leads_to_sign_in(app, path):
+    answered = Client(app).get(path)
+    assert answered.status_code == 303 and answered.headers["Location"] == "/dashboard"
