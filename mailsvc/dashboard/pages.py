@@ -7,7 +7,7 @@ import hashlib
 import hmac
 import secrets
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from werkzeug.exceptions import NotFound
 from werkzeug.utils import redirect
@@ -17,12 +17,24 @@ from .. import statuses
 from ..errors import NotAuthenticated, RateLimited, ValidationFailed
 from ..http.auth import authenticate, key_token
 from ..routes import CANCEL_EMAIL, GET_EMAIL, LIST_EMAILS
+from ..settings import Settings
 from ..store import TokenExhausted
 from . import security, sessions
 from .sessions import SignedIn
 
-if TYPE_CHECKING:
-    from .site import Dashboard
+
+class Dashboard(Protocol):
+    """What a page uses of the dashboard (``site.Dashboard``)."""
+
+    service: Any  # the service (``site.Service``): its store, clock and the API's path
+    settings: Settings
+
+    def session(self, request: Request) -> SignedIn | None: ...
+
+    def cookie_name(self, request: Request) -> str: ...
+
+    def render(self, name: str, status: int = 200, **context: Any) -> Response: ...
+
 
 #: The cookie that ties the sign-in form to the browser that loaded it (login CSRF).
 SIGN_IN_COOKIE = "mailsvc_signin"

@@ -4,8 +4,8 @@ place its errors become pages (the API keeps its JSON errors)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from werkzeug.exceptions import HTTPException
@@ -14,11 +14,28 @@ from werkzeug.wrappers import Request, Response
 
 from ..errors import NotAuthenticated, RateLimited, ServiceError
 from ..http import access_log as access
-from ..store import StoreOutage
+from ..http.endpoints import Endpoint
+from ..settings import Settings
+from ..store import Store, StoreOutage
 from . import pages, security, sessions
 
-if TYPE_CHECKING:
-    from ..app import MailService
+
+class Service(Protocol):
+    """What the dashboard uses of the service (``mailsvc.app.MailService``)."""
+
+    store: Store
+    settings: Settings
+    clock: Callable[[], float]
+
+    def act(
+        self,
+        key_id: str,
+        endpoint: Endpoint,
+        matched: Mapping[str, Any] | None = None,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+    ) -> Any: ...
+
 
 log = logging.getLogger("mailsvc.dashboard")
 
@@ -44,7 +61,7 @@ _OPEN = ("sign_in_form", "sign_in", "static")
 class Dashboard:
     """The dashboard of a service (its store, settings and API path)."""
 
-    def __init__(self, service: MailService) -> None:
+    def __init__(self, service: Service) -> None:
         self.service = service
         self.settings = service.settings
         self.templates = Environment(
