@@ -251,3 +251,69 @@ def test_an_operator_can_turn_it_off(config):
 def test_without_a_session_a_page_leads_to_sign_in(app, path):
     answered = Client(app).get(path)
     assert answered.status_code == 303 and answered.headers["Location"] == "/dashboard"
+
+
+def test_keys_are_listed_created_with_the_secret_shown_once_and_revoked(app, tenant):
+    browser = signed_in(app, tenant)
+    page = browser.get("/dashboard/keys")
+    token = form_token(page)
+    made = browser.post(
+        "/dashboard/keys", data={"name": "ci", "scope": "sending", "csrf_token": token},
+        headers=ORIGIN,
+    )  # fmt: skip
+    html = made.get_data(as_text=True)
+    secret = re.search(r"ms_[a-z2-7]{26}_[a-z2-7]{52}", html)
+    assert made.status_code == 200 and secret and "shown this once" in html
+    new_key = secret.group(0)
+    assert (
+        Client(app).get("/v1/account", headers={"Authorization": f"Bearer {new_key}"}).status_code
+        == 403
+    )  # sending scope
+    again = browser.get("/dashboard/keys").get_data(as_text=True)
+    assert new_key not in again and "ci" in again  # listed, never shown again
+    bad = browser.post(
+        "/dashboard/keys", data={"name": "x", "scope": "root", "csrf_token": token}, headers=ORIGIN
+    )
+    assert bad.status_code == 400 and "scope" in bad.get_data(as_text=True)
+    key_id = "key_" + new_key.split("_")[1]
+    revoked = browser.post(
+        f"/dashboard/keys/{key_id}/revoke", data={"csrf_token": token}, headers=ORIGIN
+    )
+    assert revoked.status_code == 303
+    assert (
+        Client(app).get("/v1/emails", headers={"Authorization": f"Bearer {new_key}"}).status_code
+        == 401
+    )
+    # Revoking the session's own key ends the session.
+    own = browser.post(
+        f"/dashboard/keys/{tenant.key_id}/revoke", data={"csrf_token": token}, headers=ORIGIN
+    )
+    assert own.headers["Location"] == "/dashboard"
+    assert browser.get("/dashboard/keys").status_code == 303
+
+
+def test_domains_show_their_records_and_are_checked_again(app, tenant):
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get("/dashboard/domains"))
+    added = browser.post(
+        "/dashboard/domains", data={"name": "acme.example", "csrf_token": token}, headers=ORIGIN
+    )
+    assert added.status_code == 303
+    page = browser.get("/dashboard/domains").get_data(as_text=True)
+    assert "_mailsvc.acme.example" in page and "v=DKIM1; k=rsa; p=" in page
+    assert page.count('data-copy="') >= 6  # name and value of each record, ready to copy
+    domain_id = re.search(r'action="/dashboard/domains/(dom_[a-z0-9]+)/check"', page)
+    assert domain_id
+    checked = browser.post(
+        f"/dashboard/domains/{domain_id.group(1)}/check", data={"csrf_token": token}, headers=ORIGIN
+    )
+    assert checked.status_code == 303  # (the DNS says what it says; the check ran)
+    taken = browser.post(
+        "/dashboard/domains", data={"name": "x", "csrf_token": token}, headers=ORIGIN
+    )
+    assert taken.status_code == 400 and "name" in taken.get_data(as_text=True)
+
+
+def test_the_account_page_shows_credit_and_limits(app, tenant):
+    page = signed_in(app, tenant).get("/dashboard/account").get_data(as_text=True)
+    assert "<strong>1000</strong>" in page and tenant.id in page

@@ -29,7 +29,20 @@ ROOMS = [
     ("delivery", {"delivery"}),
     ("inbound", {"inbound"}),
     ("api", {"api"}),
-    ("top", {"routes", "app", "dashboard", "submission", "operator", "cli", "wsgi", "__init__", "__main__"}),
+    (
+        "top",
+        {
+            "routes",
+            "app",
+            "dashboard",
+            "submission",
+            "operator",
+            "cli",
+            "wsgi",
+            "__init__",
+            "__main__",
+        },
+    ),
 ]
 #: Modules directly under mailsvc/, at most (besides __init__ and __main__).
 MOST_TOP_LEVEL_MODULES = 10

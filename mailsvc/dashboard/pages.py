@@ -16,7 +16,18 @@ from werkzeug.wrappers import Request, Response
 from .. import statuses
 from ..errors import NotAuthenticated, RateLimited, ValidationFailed
 from ..http.auth import authenticate, key_token
-from ..routes import CANCEL_EMAIL, GET_EMAIL, LIST_EMAILS
+from ..routes import (
+    CANCEL_EMAIL,
+    CREATE_DOMAIN,
+    CREATE_KEY,
+    GET_ACCOUNT,
+    GET_EMAIL,
+    LIST_DOMAINS,
+    LIST_EMAILS,
+    LIST_KEYS,
+    REVOKE_KEY,
+    VERIFY_DOMAIN,
+)
 from ..settings import Settings
 from ..store import TokenExhausted
 from . import security, sessions
@@ -180,3 +191,77 @@ def static(dash: Dashboard, request: Request, name: str) -> Response:
         raise NotFound()
     body = resources.files("mailsvc.dashboard").joinpath("static", name).read_bytes()
     return Response(body, content_type=_STATIC[name])
+
+
+# -- domains, keys, the account ----------------------------------------------------------------
+
+
+def _form(request: Request, *names: str) -> dict[str, str]:
+    """The named fields a form filled in (an empty one is absent, as an unset API field)."""
+    return {
+        name: request.form[name].strip() for name in names if request.form.get(name, "").strip()
+    }
+
+
+def _refused_or(dash: Dashboard, request: Request, signed_in: SignedIn, page: Any,
+                change: Any) -> Response:  # fmt: skip
+    """Do ``change``; a refusal of the input shows the page again with the API's message."""
+    security.check_form(request, signed_in.csrf_token)
+    try:
+        return change()
+    except ValidationFailed as exc:
+        return page(dash, request, signed_in, problem=exc.message, status=400)
+
+
+def domains(dash: Dashboard, request: Request, signed_in: SignedIn, problem: str | None = None,
+            status: int = 200) -> Response:  # fmt: skip
+    listed = dash.service.act(signed_in.record.key_id, LIST_DOMAINS, query={"limit": "100"})
+    return dash.render("domains.html", status=status, signed_in=signed_in, domains=listed["data"],
+                       problem=problem)  # fmt: skip
+
+
+def add_domain(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        body = _form(request, "name")
+        dash.service.act(signed_in.record.key_id, CREATE_DOMAIN, body=body)
+        return redirect("/dashboard/domains", 303)
+
+    return _refused_or(dash, request, signed_in, domains, change)
+
+
+def check_domain(
+    dash: Dashboard, request: Request, signed_in: SignedIn, domain_id: str
+) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, VERIFY_DOMAIN, {"domain_id": domain_id})
+    return redirect(f"/dashboard/domains#{domain_id}", 303)
+
+
+def keys(dash: Dashboard, request: Request, signed_in: SignedIn, problem: str | None = None,
+         status: int = 200, created: dict[str, Any] | None = None) -> Response:  # fmt: skip
+    listed = dash.service.act(signed_in.record.key_id, LIST_KEYS, query={"limit": "100"})
+    return dash.render("keys.html", status=status, signed_in=signed_in, keys=listed["data"],
+                       problem=problem, created=created)  # fmt: skip
+
+
+def create_key(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        body = _form(request, "name", "scope", "domain")
+        made = dash.service.act(signed_in.record.key_id, CREATE_KEY, body=body)
+        # Its secret is in this answer only (never stored, never in a redirect or a URL).
+        return keys(dash, request, signed_in, created=made)
+
+    return _refused_or(dash, request, signed_in, keys, change)
+
+
+def revoke_key(dash: Dashboard, request: Request, signed_in: SignedIn, key_id: str) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, REVOKE_KEY, {"key_id": key_id})
+    if key_id == signed_in.record.key_id:  # this session's own key: the session ended with it
+        return redirect("/dashboard", 303)
+    return redirect("/dashboard/keys", 303)
+
+
+def account(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    shown = dash.service.act(signed_in.record.key_id, GET_ACCOUNT)
+    return dash.render("account.html", signed_in=signed_in, account=shown)
