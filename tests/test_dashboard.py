@@ -317,3 +317,70 @@ def test_domains_show_their_records_and_are_checked_again(app, tenant):
 def test_the_account_page_shows_credit_and_limits(app, tenant):
     page = signed_in(app, tenant).get("/dashboard/account").get_data(as_text=True)
     assert "<strong>1000</strong>" in page and tenant.id in page
+
+
+def test_suppressions_are_listed_added_and_removed(app, tenant):
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get("/dashboard/suppressions"))
+    form = {"address": "gone@example.org", "csrf_token": token}
+    assert browser.post("/dashboard/suppressions", data=form, headers=ORIGIN).status_code == 303
+    assert "gone@example.org" in browser.get("/dashboard/suppressions").get_data(as_text=True)
+    assert app.store.reads.get_suppression(tenant.id, "gone@example.org") is not None
+    bad = browser.post("/dashboard/suppressions", data={**form, "address": "nope"}, headers=ORIGIN)
+    assert bad.status_code == 400 and "address" in bad.get_data(as_text=True)
+    removed = browser.post("/dashboard/suppressions/delete", data=form, headers=ORIGIN)
+    assert removed.status_code == 303
+    assert app.store.reads.get_suppression(tenant.id, "gone@example.org") is None
+
+
+def test_webhooks_are_created_with_their_secret_once_tested_and_deleted(config, clock):
+    config.update(webhook_allow_http=True, webhook_allow_private=True)
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get("/dashboard/webhooks"))
+    made = browser.post(
+        "/dashboard/webhooks",
+        data={"url": "http://127.0.0.1:9/hook", "events": ["email.sent", "email.bounced"],
+              "csrf_token": token},
+        headers=ORIGIN,
+    )  # fmt: skip
+    html = made.get_data(as_text=True)
+    secret = re.search(r"whsec_[A-Za-z0-9+/=]+", html)
+    assert made.status_code == 200 and secret and "shown this once" in html
+    webhook_id = re.search(r'href="/dashboard/webhooks/(wh_[a-z0-9]+)"', html).group(1)
+    assert secret.group(0) not in browser.get("/dashboard/webhooks").get_data(as_text=True)
+    sent = browser.post(f"/dashboard/webhooks/{webhook_id}/test", data={"csrf_token": token},
+                        headers=ORIGIN)  # fmt: skip
+    assert sent.status_code == 303
+    page = browser.get(f"/dashboard/webhooks/{webhook_id}").get_data(as_text=True)
+    assert "webhook.test" in page and "email.sent" in page and "email.bounced" in page
+    no_events = {"url": "http://127.0.0.1:9/x", "csrf_token": token}
+    none = browser.post("/dashboard/webhooks", data=no_events, headers=ORIGIN)
+    assert none.status_code == 400 and "events" in none.get_data(as_text=True)
+    gone = browser.post(f"/dashboard/webhooks/{webhook_id}/delete", data={"csrf_token": token},
+                        headers=ORIGIN)  # fmt: skip
+    assert gone.status_code == 303
+    assert browser.get(f"/dashboard/webhooks/{webhook_id}").status_code == 404
+
+
+def test_templates_are_listed_created_escaped_and_deleted(app, tenant):
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get("/dashboard/templates"))
+    made = browser.post(
+        "/dashboard/templates",
+        data={"name": "<b>welcome</b>", "subject": "Hi {{ name }} <script>x</script>",
+              "text": "Hello", "csrf_token": token},
+        headers=ORIGIN,
+    )  # fmt: skip
+    assert made.status_code == 303
+    page = browser.get("/dashboard/templates").get_data(as_text=True)
+    assert "&lt;b&gt;welcome&lt;/b&gt;" in page and "<script>x" not in page
+    template_id = re.search(r'action="/dashboard/templates/(tpl_[a-z0-9]+)/delete"', page).group(1)
+    bad = browser.post(
+        "/dashboard/templates", data={"name": "", "csrf_token": token}, headers=ORIGIN
+    )
+    assert bad.status_code == 400 and "name" in bad.get_data(as_text=True)
+    assert browser.post(f"/dashboard/templates/{template_id}/delete", data={"csrf_token": token},
+                        headers=ORIGIN).status_code == 303  # fmt: skip
+    assert template_id not in browser.get("/dashboard/templates").get_data(as_text=True)

@@ -20,12 +20,24 @@ from ..routes import (
     CANCEL_EMAIL,
     CREATE_DOMAIN,
     CREATE_KEY,
+    CREATE_SUPPRESSION,
+    CREATE_TEMPLATE,
+    CREATE_WEBHOOK,
+    DELETE_SUPPRESSION,
+    DELETE_TEMPLATE,
+    DELETE_WEBHOOK,
     GET_ACCOUNT,
     GET_EMAIL,
+    GET_WEBHOOK,
     LIST_DOMAINS,
     LIST_EMAILS,
     LIST_KEYS,
+    LIST_SUPPRESSIONS,
+    LIST_TEMPLATES,
+    LIST_WEBHOOK_DELIVERIES,
+    LIST_WEBHOOKS,
     REVOKE_KEY,
+    TEST_WEBHOOK,
     VERIFY_DOMAIN,
 )
 from ..settings import Settings
@@ -265,3 +277,101 @@ def revoke_key(dash: Dashboard, request: Request, signed_in: SignedIn, key_id: s
 def account(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
     shown = dash.service.act(signed_in.record.key_id, GET_ACCOUNT)
     return dash.render("account.html", signed_in=signed_in, account=shown)
+
+
+# -- suppressions, webhooks, templates ---------------------------------------------------------
+
+#: The events a webhook may subscribe to (those of ``POST /v1/webhooks``).
+WEBHOOK_EVENTS = (
+    "email.sent", "email.deferred", "email.failed", "email.bounced", "email.complained",
+    "email.suppressed", "email.scheduled", "email.canceled",
+)  # fmt: skip
+
+
+def suppressions(dash: Dashboard, request: Request, signed_in: SignedIn,
+                 problem: str | None = None, status: int = 200) -> Response:  # fmt: skip
+    listed = dash.service.act(signed_in.record.key_id, LIST_SUPPRESSIONS, query={"limit": "100"})
+    return dash.render("suppressions.html", status=status, signed_in=signed_in,
+                       suppressions=listed["data"], problem=problem)  # fmt: skip
+
+
+def add_suppression(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        body = _form(request, "address")
+        dash.service.act(signed_in.record.key_id, CREATE_SUPPRESSION, body=body)
+        return redirect("/dashboard/suppressions", 303)
+
+    return _refused_or(dash, request, signed_in, suppressions, change)
+
+
+def delete_suppression(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        address = request.form.get("address", "")
+        dash.service.act(signed_in.record.key_id, DELETE_SUPPRESSION, {"address": address})
+        return redirect("/dashboard/suppressions", 303)
+
+    return _refused_or(dash, request, signed_in, suppressions, change)
+
+
+def webhooks(dash: Dashboard, request: Request, signed_in: SignedIn, problem: str | None = None,
+             status: int = 200, created: dict[str, Any] | None = None) -> Response:  # fmt: skip
+    listed = dash.service.act(signed_in.record.key_id, LIST_WEBHOOKS, query={"limit": "100"})
+    return dash.render("webhooks.html", status=status, signed_in=signed_in,
+                       webhooks=listed["data"], events=WEBHOOK_EVENTS, problem=problem,
+                       created=created)  # fmt: skip
+
+
+def create_webhook(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        body: dict[str, Any] = _form(request, "url")
+        body["events"] = request.form.getlist("events")
+        made = dash.service.act(signed_in.record.key_id, CREATE_WEBHOOK, body=body)
+        return webhooks(dash, request, signed_in, created=made)  # its secret, this once
+
+    return _refused_or(dash, request, signed_in, webhooks, change)
+
+
+def webhook(dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str) -> Response:
+    key_id, matched = signed_in.record.key_id, {"webhook_id": webhook_id}
+    shown = dash.service.act(key_id, GET_WEBHOOK, matched)
+    deliveries = dash.service.act(key_id, LIST_WEBHOOK_DELIVERIES, matched, query={"limit": "25"})
+    return dash.render("webhook.html", signed_in=signed_in, webhook=shown,
+                       deliveries=deliveries["data"])  # fmt: skip
+
+
+def test_webhook(
+    dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str
+) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, TEST_WEBHOOK, {"webhook_id": webhook_id})
+    return redirect(f"/dashboard/webhooks/{webhook_id}", 303)
+
+
+def delete_webhook(dash: Dashboard, request: Request, signed_in: SignedIn,
+                   webhook_id: str) -> Response:  # fmt: skip
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, DELETE_WEBHOOK, {"webhook_id": webhook_id})
+    return redirect("/dashboard/webhooks", 303)
+
+
+def templates(dash: Dashboard, request: Request, signed_in: SignedIn, problem: str | None = None,
+              status: int = 200) -> Response:  # fmt: skip
+    listed = dash.service.act(signed_in.record.key_id, LIST_TEMPLATES, query={"limit": "100"})
+    return dash.render("templates.html", status=status, signed_in=signed_in,
+                       templates=listed["data"], problem=problem)  # fmt: skip
+
+
+def create_template(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
+    def change() -> Response:
+        body = _form(request, "name", "subject", "html", "text")
+        dash.service.act(signed_in.record.key_id, CREATE_TEMPLATE, body=body)
+        return redirect("/dashboard/templates", 303)
+
+    return _refused_or(dash, request, signed_in, templates, change)
+
+
+def delete_template(dash: Dashboard, request: Request, signed_in: SignedIn,
+                    template_id: str) -> Response:  # fmt: skip
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, DELETE_TEMPLATE, {"template_id": template_id})
+    return redirect("/dashboard/templates", 303)

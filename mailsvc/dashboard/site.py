@@ -57,10 +57,23 @@ _ROUTES = Map(
         Rule("/dashboard/keys", endpoint="create_key", methods=["POST"]),
         Rule("/dashboard/keys/<key_id>/revoke", endpoint="revoke_key", methods=["POST"]),
         Rule("/dashboard/account", endpoint="account", methods=["GET"]),
+        Rule("/dashboard/suppressions", endpoint="suppressions", methods=["GET"]),
+        Rule("/dashboard/suppressions", endpoint="add_suppression", methods=["POST"]),
+        Rule("/dashboard/suppressions/delete", endpoint="delete_suppression", methods=["POST"]),
+        Rule("/dashboard/webhooks", endpoint="webhooks", methods=["GET"]),
+        Rule("/dashboard/webhooks", endpoint="create_webhook", methods=["POST"]),
+        Rule("/dashboard/webhooks/<webhook_id>", endpoint="webhook", methods=["GET"]),
+        Rule("/dashboard/webhooks/<webhook_id>/test", endpoint="test_webhook", methods=["POST"]),
+        Rule("/dashboard/webhooks/<webhook_id>/delete", endpoint="delete_webhook",
+             methods=["POST"]),
+        Rule("/dashboard/templates", endpoint="templates", methods=["GET"]),
+        Rule("/dashboard/templates", endpoint="create_template", methods=["POST"]),
+        Rule("/dashboard/templates/<template_id>/delete", endpoint="delete_template",
+             methods=["POST"]),
         Rule("/dashboard/static/<name>", endpoint="static", methods=["GET"]),
     ],
     strict_slashes=False,
-)
+)  # fmt: skip
 #: Pages that need no session.
 _OPEN = ("sign_in_form", "sign_in", "static")
 
