@@ -13,7 +13,7 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.timestamps import iso_time
 
-from .conftest import Tenant, email_body, make_tenant
+from .conftest import Tenant, email_body, make_tenant, wait_until
 
 ORIGIN = {"Origin": "http://localhost"}
 #: A request that came through the shipped nginx (on this machine).
@@ -314,9 +314,21 @@ def test_domains_show_their_records_and_are_checked_again(app, tenant):
     assert taken.status_code == 400 and "name" in taken.get_data(as_text=True)
 
 
-def test_the_account_page_shows_credit_and_limits(app, tenant):
+def test_the_account_page_shows_credit_and_the_last_14_days_as_a_chart_and_a_table(
+    app, tenant, clock
+):
+    app.start()  # (delivery into the outbox)
+    sent = send(app, tenant)
+    wait_until(lambda: app.store.reads.get_email(tenant.id, sent).status == "sent", 30, "sent")
+    send(app, tenant, scheduledAt=iso_time(clock() + 3600))  # scheduled: in no series
     page = signed_in(app, tenant).get("/dashboard/account").get_data(as_text=True)
-    assert "<strong>1000</strong>" in page and tenant.id in page
+    assert "<strong>998</strong>" in page and tenant.id in page
+    assert page.count('<rect class="bar bar-') == 14 * 4  # four series, fourteen days
+    assert 'role="img" aria-labelledby="chart-title"' in page
+    today = str(iso_time(clock()))[:10]
+    row = re.search(rf'<tr><th scope="row">{today}</th>(.*?)</tr>', page)
+    assert row  # today's numbers, as a table: one sent, nothing failed, bounced, complained
+    assert re.findall(r"<td>(\d+)</td>", row.group(1)) == ["1", "0", "0", "0"]
 
 
 def test_suppressions_are_listed_added_and_removed(app, tenant):

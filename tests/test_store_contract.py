@@ -546,3 +546,21 @@ def test_a_dashboard_session_is_seen_at_most_every_30_seconds_and_idle_ones_go(s
     stores[0].write(lambda tx: tx.open_dashboard_session(b"b" * 32, owner, "key_1", 300.0, 60))
     assert stores[3].reads.get_dashboard_session(b"a" * 32) is None
     assert stores[3].reads.get_dashboard_session(b"b" * 32) is not None
+
+
+def test_an_accounts_daily_outcomes_are_counted_by_day_and_status(stores):
+    owner, other = account(stores[0], credits=100), account(stores[0], 100, name="acc_other")
+    sender_domain(stores[0], owner)
+    sender_domain(stores[0], other, "other.test")
+    day = 86400.0
+    for number, (at, who, sender) in enumerate(
+        [(0.5, owner, "a@verified.test"), (0.6, owner, "a@verified.test"),
+         (2.5, owner, "a@verified.test"), (2.5, other, "a@other.test"),
+         (20.0, owner, "a@verified.test")]
+    ):  # fmt: skip
+        email = new_email(f"em_{number}", who, sender, created_at=at * day)
+        stores[0].write(lambda tx, email=email: tx.enqueue_email(email))
+    counted = stores[1].reads.daily_outcomes(owner, 0.0, 14)
+    assert len(counted) == 14
+    assert counted[0] == {"queued": 2} and counted[1] == {} and counted[2] == {"queued": 1}
+    assert sum(sum(d.values()) for d in counted) == 3  # not the other account's, not day 20

@@ -42,6 +42,7 @@ from ..routes import (
 )
 from ..settings import Settings
 from ..store import TokenExhausted
+from ..timestamps import iso_time
 from . import security, sessions
 from .sessions import SignedIn
 
@@ -274,9 +275,48 @@ def revoke_key(dash: Dashboard, request: Request, signed_in: SignedIn, key_id: s
     return redirect("/dashboard/keys", 303)
 
 
+#: The chart's series: a name, and the statuses of the emails it counts.
+SERIES = (
+    ("sent", (statuses.SENT, statuses.PARTIALLY_SENT)),
+    ("failed", (statuses.FAILED,)),
+    ("bounced", (statuses.BOUNCED,)),
+    ("complained", (statuses.COMPLAINED,)),
+)
+CHART_DAYS = 14
+
+
 def account(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
     shown = dash.service.act(signed_in.record.key_id, GET_ACCOUNT)
-    return dash.render("account.html", signed_in=signed_in, account=shown)
+    today = int(dash.service.clock() // 86400) * 86400
+    since = today - 86400 * (CHART_DAYS - 1)
+    counted = dash.service.store.reads.daily_outcomes(shown["id"], since, CHART_DAYS)
+    days = [
+        {
+            "date": str(iso_time(since + 86400 * number))[:10],
+            **{name: sum(day.get(s, 0) for s in kinds) for name, kinds in SERIES},
+        }
+        for number, day in enumerate(counted)
+    ]
+    return dash.render("account.html", signed_in=signed_in, account=shown, days=days,
+                       chart=_chart(days))  # fmt: skip
+
+
+def _chart(days: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bars of the chart, drawn on the server: a group of four a day, to scale."""
+    width, height, group = 700, 180, 50
+    top = max([1] + [day[name] for day in days for name, _ in SERIES])
+    bars = []
+    for number, day in enumerate(days):
+        for index, (name, _) in enumerate(SERIES):
+            tall = round(day[name] / top * (height - 30), 1)
+            x = 10 + number * group + index * 10
+            bars.append({"x": x, "y": height - 20 - tall, "height": tall, "series": name,
+                         "label": f"{day['date']}: {day[name]} {name}"})  # fmt: skip
+    labels = [
+        {"x": 10 + number * group, "text": day["date"][5:]} for number, day in enumerate(days)
+    ]
+    return {"width": width, "height": height, "bars": bars, "labels": labels, "top": top,
+            "series": [name for name, _ in SERIES]}  # fmt: skip
 
 
 # -- suppressions, webhooks, templates ---------------------------------------------------------

@@ -197,6 +197,11 @@ class Reads(Protocol):
 
     def get_service_secret(self, name: str) -> bytes | None: ...
 
+    def daily_outcomes(self, account_id: str, since: float, days: int) -> list[dict[str, int]]:
+        """The account's emails created on each of ``days`` days from ``since`` (86,400 s
+        each), by status: one dict of status to count a day, oldest first (read by index)."""
+        ...
+
     # -- dashboard sessions -----------------------------------------------------------------
 
     def get_dashboard_session(self, id_hash: bytes) -> DashboardSession | None:

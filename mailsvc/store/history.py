@@ -177,3 +177,18 @@ class HistoryVerbs:
     def count_emails_by_status(self) -> dict[str, int]:
         rows = self.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
         return {status: count for status, count in rows}
+
+    def daily_outcomes(self, account_id: str, since: float, days: int) -> list[dict[str, int]]:
+        """The account's emails created on each of ``days`` days from ``since`` (each 86,400 s
+        long), counted by status: a dict of status to count for each day, oldest first."""
+        bounds = [since + 86400 * (day + 1) for day in range(days)]
+        cases = " ".join(f"WHEN created_at < ? THEN {day}" for day in range(days))
+        rows = self.connection.execute(
+            f"SELECT CASE {cases} ELSE {days - 1} END AS day, status, count(*) FROM emails "
+            f"WHERE account_id = ? AND created_at >= ? AND created_at < ? GROUP BY 1, 2",
+            (*bounds, account_id, since, bounds[-1]),
+        ).fetchall()
+        counted: list[dict[str, int]] = [{} for _ in range(days)]
+        for day, status, count in rows:
+            counted[int(day)][status] = int(count)
+        return counted
