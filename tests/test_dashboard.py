@@ -396,3 +396,18 @@ def test_templates_are_listed_created_escaped_and_deleted(app, tenant):
     assert browser.post(f"/dashboard/templates/{template_id}/delete", data={"csrf_token": token},
                         headers=ORIGIN).status_code == 303  # fmt: skip
     assert template_id not in browser.get("/dashboard/templates").get_data(as_text=True)
+
+
+def test_a_scheduled_email_is_moved_to_another_time(app, tenant, clock):
+    scheduled = send(app, tenant, scheduledAt=iso_time(clock() + 86400))
+    browser = signed_in(app, tenant)
+    token = form_token(browser.get(f"/dashboard/emails/{scheduled}"))
+    later = str(iso_time(clock() + 2 * 86400))[:16]  # as a datetime-local input sends it
+    path = f"/dashboard/emails/{scheduled}/reschedule"
+    moved = browser.post(path, data={"scheduledAt": later, "csrf_token": token}, headers=ORIGIN)
+    assert moved.status_code == 303
+    shown = Client(app).get(f"/v1/emails/{scheduled}", headers=tenant.headers).get_json()
+    assert shown["scheduledAt"].startswith(later)
+    too_far = str(iso_time(clock() + 90 * 86400))[:16]
+    refused = browser.post(path, data={"scheduledAt": too_far, "csrf_token": token}, headers=ORIGIN)
+    assert refused.status_code == 400 and "at most 30 days ahead" in refused.get_data(as_text=True)

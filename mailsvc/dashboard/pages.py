@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from importlib import resources
 from typing import Any, Protocol
@@ -36,6 +37,7 @@ from ..routes import (
     LIST_TEMPLATES,
     LIST_WEBHOOK_DELIVERIES,
     LIST_WEBHOOKS,
+    RESCHEDULE_EMAIL,
     REVOKE_KEY,
     TEST_WEBHOOK,
     VERIFY_DOMAIN,
@@ -174,13 +176,15 @@ def _email(dash: Dashboard, signed_in: SignedIn, email_id: str) -> dict[str, Any
     return dash.service.act(signed_in.record.key_id, GET_EMAIL, {"email_id": email_id})
 
 
-def email(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
+def email(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str,
+          problem: str | None = None, status: int = 200) -> Response:  # fmt: skip
     shown = _email(dash, signed_in, email_id)
     record = dash.service.store.reads.get_email(signed_in.record.account_id, email_id)
     text = record.text if record is not None else None
     has_html = bool(record is not None and record.html)
     return dash.render(
-        "email.html", signed_in=signed_in, email=shown, text=text, has_html=has_html,
+        "email.html", status=status, signed_in=signed_in, email=shown, text=text,
+        has_html=has_html, problem=problem,
     )  # fmt: skip
 
 
@@ -191,6 +195,19 @@ def preview(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: st
     record = dash.service.store.reads.get_email(signed_in.record.account_id, email_id)
     html = record.html if record is not None and record.html else "<p>(no HTML part)</p>"
     return Response(html, content_type="text/html; charset=utf-8")
+
+
+def reschedule(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
+    """Move a scheduled email: the form's time is UTC (``datetime-local`` has no offset)."""
+    security.check_form(request, signed_in.csrf_token)
+    when = request.form.get("scheduledAt", "").strip()
+    at = f"{when}:00Z" if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d", when) else when
+    try:
+        dash.service.act(signed_in.record.key_id, RESCHEDULE_EMAIL, {"email_id": email_id},
+                         body={"scheduledAt": at})  # fmt: skip
+    except ValidationFailed as exc:
+        return email(dash, request, signed_in, email_id, problem=exc.message, status=400)
+    return redirect(f"/dashboard/emails/{email_id}", 303)
 
 
 def cancel(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:

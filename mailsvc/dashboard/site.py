@@ -50,6 +50,7 @@ _ROUTES = Map(
         Rule("/dashboard/emails/<email_id>", endpoint="email", methods=["GET"]),
         Rule("/dashboard/emails/<email_id>/preview", endpoint="preview", methods=["GET"]),
         Rule("/dashboard/emails/<email_id>/cancel", endpoint="cancel", methods=["POST"]),
+        Rule("/dashboard/emails/<email_id>/reschedule", endpoint="reschedule", methods=["POST"]),
         Rule("/dashboard/domains", endpoint="domains", methods=["GET"]),
         Rule("/dashboard/domains", endpoint="add_domain", methods=["POST"]),
         Rule("/dashboard/domains/<domain_id>/check", endpoint="check_domain", methods=["POST"]),
