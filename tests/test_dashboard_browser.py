@@ -22,7 +22,7 @@ from mailsvc.store import open_store
 from mailsvc.timestamps import iso_time
 
 from .conftest import VERIFIED, email_body
-from .servers import ROOT, Gunicorn, free_port
+from .servers import ROOT, Gunicorn, free_port, request
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +66,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "MAILSVC_DATABASE": database,
             "MAILSVC_OUTBOX": str(folder / "outbox"),
             "MAILSVC_STORE_MIN_FREE_MB": "0",
+            "MAILSVC_WEBHOOK_ALLOW_HTTP": "true",
+            "MAILSVC_WEBHOOK_ALLOW_PRIVATE": "true",
         },
         workers=1,
     ).start()
@@ -75,6 +77,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         f'<img src="http://127.0.0.1:{pixel.server_port}/pixel.png" alt="">'
         f'<form action="http://127.0.0.1:{pixel.server_port}/form"><button>Go</button></form>'
     )
+    status, made = server.request(
+        "POST", "/v1/webhooks",
+        {"url": "http://127.0.0.1:9/hooks/mail", "events": ["email.sent"]}, headers,
+    )  # fmt: skip
+    assert status == 201, made
+    server.request("POST", f"/v1/webhooks/{made['id']}/test", None, headers)
+    server.request("POST", "/v1/suppressions", {"address": "gone@example.org"}, headers)
+    template = {"name": "welcome", "subject": "Welcome, {{ name }}", "text": "Hi {{ name }}"}
+    server.request("POST", "/v1/templates", template, headers)
     ids = {}
     for name, fields in {
         "receipt": {"to": "alice@example.org", "subject": "Your receipt",
@@ -88,7 +99,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         assert status == 200, body
         ids[name] = body["id"]
     try:
-        yield {"url": f"http://127.0.0.1:{server.port}", "key": key, "ids": ids, "pixel": pixel}
+        yield {"url": f"http://127.0.0.1:{server.port}", "key": key, "ids": ids, "pixel": pixel,
+               "webhook": made["id"]}  # fmt: skip
     finally:
         pixel.shutdown()
         pixel.server_close()
@@ -192,6 +204,13 @@ def test_every_page_has_no_serious_accessibility_finding(browser, served, scheme
         "sign-in": "/dashboard",
         "emails": "/dashboard/emails",
         "email": f"/dashboard/emails/{served['ids']['receipt']}",
+        "domains": "/dashboard/domains",
+        "keys": "/dashboard/keys",
+        "webhooks": "/dashboard/webhooks",
+        "webhook": f"/dashboard/webhooks/{served['webhook']}",
+        "suppressions": "/dashboard/suppressions",
+        "templates": "/dashboard/templates",
+        "account": "/dashboard/account",
         "not-found": "/dashboard/emails/em_nothing",
     }
     findings = {}
@@ -205,3 +224,21 @@ def test_every_page_has_no_serious_accessibility_finding(browser, served, scheme
                 path=str(Path(shots) / f"dashboard-{name}-{scheme}.png"), full_page=True
             )
     assert findings == {name: [] for name in pages}
+
+
+def test_a_key_is_created_copied_once_and_revoked_in_the_browser(browser, served):
+    page = new_page(browser)
+    sign_in(page, served)
+    page.get_by_role("link", name="API keys").click()
+    page.get_by_label("Name").fill("deploy")
+    page.get_by_role("button", name="Create a key").click()
+    secret = page.locator(".created code").inner_text()
+    assert secret.startswith("ms_") and len(secret) == 82
+    page.get_by_role("link", name="API keys").click()  # shown once: not on the next visit
+    assert page.locator(".created").count() == 0 and secret not in page.content()
+    page.get_by_role("button", name="Revoke deploy").click()
+    page.wait_for_url("**/dashboard/keys")
+    port = int(served["url"].rsplit(":", 1)[1])
+    status, _ = request(port, "GET", "/v1/emails", headers={"Authorization": f"Bearer {secret}"})
+    assert status == 401  # revoked
+    assert page.dialogs == []
