@@ -312,6 +312,12 @@ def test_domains_show_their_records_and_are_checked_again(app, tenant):
         "/dashboard/domains", data={"name": "x", "csrf_token": token}, headers=ORIGIN
     )
     assert taken.status_code == 400 and "name" in taken.get_data(as_text=True)
+    deleted = browser.post(
+        f"/dashboard/domains/{domain_id.group(1)}/delete", data={"csrf_token": token},
+        headers=ORIGIN,
+    )  # fmt: skip
+    assert deleted.status_code == 303
+    assert "acme.example" not in browser.get("/dashboard/domains").get_data(as_text=True)
 
 
 def test_the_account_page_shows_credit_and_the_last_14_days_as_a_chart_and_a_table(

@@ -214,6 +214,8 @@ def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
     env = _new_users_environment(port)
     with _serving(install, copy, env, port):
         done = _shell(walkthrough, copy, env, f"http://127.0.0.1:{port}")
+        status, page = request(port, "GET", "/dashboard")  # installed with its templates
+    assert status == 200 and b"<h1>Sign in</h1>" in page
     assert '"status": "sent"' in done.stdout, done.stdout
     assert len(list((copy / "var" / "outbox" / "new").iterdir())) == 1
 

@@ -24,6 +24,7 @@ from ..routes import (
     CREATE_SUPPRESSION,
     CREATE_TEMPLATE,
     CREATE_WEBHOOK,
+    DELETE_DOMAIN,
     DELETE_SUPPRESSION,
     DELETE_TEMPLATE,
     DELETE_WEBHOOK,
@@ -265,6 +266,14 @@ def check_domain(
     security.check_form(request, signed_in.csrf_token)
     dash.service.act(signed_in.record.key_id, VERIFY_DOMAIN, {"domain_id": domain_id})
     return redirect(f"/dashboard/domains#{domain_id}", 303)
+
+
+def delete_domain(
+    dash: Dashboard, request: Request, signed_in: SignedIn, domain_id: str
+) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, DELETE_DOMAIN, {"domain_id": domain_id})
+    return redirect("/dashboard/domains", 303)
 
 
 def keys(dash: Dashboard, request: Request, signed_in: SignedIn, problem: str | None = None,

@@ -54,6 +54,7 @@ _ROUTES = Map(
         Rule("/dashboard/domains", endpoint="domains", methods=["GET"]),
         Rule("/dashboard/domains", endpoint="add_domain", methods=["POST"]),
         Rule("/dashboard/domains/<domain_id>/check", endpoint="check_domain", methods=["POST"]),
+        Rule("/dashboard/domains/<domain_id>/delete", endpoint="delete_domain", methods=["POST"]),
         Rule("/dashboard/keys", endpoint="keys", methods=["GET"]),
         Rule("/dashboard/keys", endpoint="create_key", methods=["POST"]),
         Rule("/dashboard/keys/<key_id>/revoke", endpoint="revoke_key", methods=["POST"]),
