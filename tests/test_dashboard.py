@@ -417,3 +417,24 @@ def test_a_scheduled_email_is_moved_to_another_time(app, tenant, clock):
     too_far = str(iso_time(clock() + 90 * 86400))[:16]
     refused = browser.post(path, data={"scheduledAt": too_far, "csrf_token": token}, headers=ORIGIN)
     assert refused.status_code == 400 and "at most 30 days ahead" in refused.get_data(as_text=True)
+
+
+def test_a_template_is_edited_and_its_source_shown_inert(app, tenant):
+    made = Client(app).post(
+        "/v1/templates", json={"name": "welcome", "subject": "Hi", "html": "<p>{{ name }}</p>"},
+        headers=tenant.headers,
+    ).get_json()  # fmt: skip
+    browser = signed_in(app, tenant)
+    page = browser.get(f"/dashboard/templates/{made['id']}")
+    assert "&lt;p&gt;{{ name }}&lt;/p&gt;</textarea>" in page.get_data(as_text=True)
+    token = form_token(page)
+    edited = {"name": "welcome", "subject": "Hello {{ name }}", "html": "<b>{{ name }}</b>",
+              "csrf_token": token}  # fmt: skip
+    saved = browser.post(f"/dashboard/templates/{made['id']}", data=edited, headers=ORIGIN)
+    assert saved.status_code == 303
+    shown = Client(app).get(f"/v1/templates/{made['id']}", headers=tenant.headers).get_json()
+    assert (shown["subject"], shown["html"]) == ("Hello {{ name }}", "<b>{{ name }}</b>")
+    broken = {**edited, "html": "{% for %}"}
+    refused = browser.post(f"/dashboard/templates/{made['id']}", data=broken, headers=ORIGIN)
+    assert refused.status_code == 400 and "html" in refused.get_data(as_text=True)
+    assert "{% for %}" in refused.get_data(as_text=True)  # what was sent, shown again

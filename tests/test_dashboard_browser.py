@@ -85,7 +85,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     server.request("POST", f"/v1/webhooks/{made['id']}/test", None, headers)
     server.request("POST", "/v1/suppressions", {"address": "gone@example.org"}, headers)
     template = {"name": "welcome", "subject": "Welcome, {{ name }}", "text": "Hi {{ name }}"}
-    server.request("POST", "/v1/templates", template, headers)
+    _, made_template = server.request("POST", "/v1/templates", template, headers)
     ids = {}
     for name, fields in {
         "receipt": {"to": "alice@example.org", "subject": "Your receipt",
@@ -100,7 +100,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         ids[name] = body["id"]
     try:
         yield {"url": f"http://127.0.0.1:{server.port}", "key": key, "ids": ids, "pixel": pixel,
-               "webhook": made["id"]}  # fmt: skip
+               "webhook": made["id"], "template": made_template["id"]}  # fmt: skip
     finally:
         pixel.shutdown()
         pixel.server_close()
@@ -210,6 +210,7 @@ def test_every_page_has_no_serious_accessibility_finding(browser, served, scheme
         "webhook": f"/dashboard/webhooks/{served['webhook']}",
         "suppressions": "/dashboard/suppressions",
         "templates": "/dashboard/templates",
+        "template": f"/dashboard/templates/{served['template']}",
         "account": "/dashboard/account",
         "not-found": "/dashboard/emails/em_nothing",
     }

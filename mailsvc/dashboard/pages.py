@@ -30,6 +30,7 @@ from ..routes import (
     DELETE_WEBHOOK,
     GET_ACCOUNT,
     GET_EMAIL,
+    GET_TEMPLATE,
     GET_WEBHOOK,
     LIST_DOMAINS,
     LIST_EMAILS,
@@ -41,6 +42,7 @@ from ..routes import (
     RESCHEDULE_EMAIL,
     REVOKE_KEY,
     TEST_WEBHOOK,
+    UPDATE_TEMPLATE,
     VERIFY_DOMAIN,
 )
 from ..settings import Settings
@@ -429,11 +431,36 @@ def templates(dash: Dashboard, request: Request, signed_in: SignedIn, problem: s
 
 def create_template(dash: Dashboard, request: Request, signed_in: SignedIn) -> Response:
     def change() -> Response:
-        body = _form(request, "name", "subject", "html", "text")
+        body = _form(request, *_TEMPLATE_PARTS)
         dash.service.act(signed_in.record.key_id, CREATE_TEMPLATE, body=body)
         return redirect("/dashboard/templates", 303)
 
     return _refused_or(dash, request, signed_in, templates, change)
+
+
+def template(dash: Dashboard, request: Request, signed_in: SignedIn, template_id: str,
+             problem: str | None = None, status: int = 200) -> Response:  # fmt: skip
+    shown = dash.service.act(signed_in.record.key_id, GET_TEMPLATE, {"template_id": template_id})
+    if request.method == "POST":  # shown again with what was sent, and why it was refused
+        shown = {**shown, **{part: request.form.get(part, "") for part in _TEMPLATE_PARTS}}
+    return dash.render("template.html", status=status, signed_in=signed_in, template=shown,
+                       problem=problem)  # fmt: skip
+
+
+_TEMPLATE_PARTS = ("name", "subject", "html", "text")
+
+
+def update_template(
+    dash: Dashboard, request: Request, signed_in: SignedIn, template_id: str
+) -> Response:
+    security.check_form(request, signed_in.csrf_token)
+    body = _form(request, *_TEMPLATE_PARTS)
+    try:
+        dash.service.act(signed_in.record.key_id, UPDATE_TEMPLATE, {"template_id": template_id},
+                         body=body)  # fmt: skip
+    except ValidationFailed as exc:
+        return template(dash, request, signed_in, template_id, problem=exc.message, status=400)
+    return redirect(f"/dashboard/templates/{template_id}", 303)
 
 
 def delete_template(dash: Dashboard, request: Request, signed_in: SignedIn,

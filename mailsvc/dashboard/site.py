@@ -70,6 +70,8 @@ _ROUTES = Map(
              methods=["POST"]),
         Rule("/dashboard/templates", endpoint="templates", methods=["GET"]),
         Rule("/dashboard/templates", endpoint="create_template", methods=["POST"]),
+        Rule("/dashboard/templates/<template_id>", endpoint="template", methods=["GET"]),
+        Rule("/dashboard/templates/<template_id>", endpoint="update_template", methods=["POST"]),
         Rule("/dashboard/templates/<template_id>/delete", endpoint="delete_template",
              methods=["POST"]),
         Rule("/dashboard/static/<name>", endpoint="static", methods=["GET"]),
