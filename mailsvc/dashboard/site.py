@@ -7,7 +7,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from jinja2 import Environment, PackageLoader, select_autoescape
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
@@ -88,12 +87,8 @@ class Dashboard:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.settings = service.settings
-        self.templates = Environment(
-            loader=PackageLoader("mailsvc.dashboard", "templates"),
-            autoescape=select_autoescape(default=True, default_for_string=True),
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
+        self._templates: Any = None  # made at the first page: a worker that serves none never
+        # loads Jinja2 (tests/test_packaging.py holds it)
 
     def __call__(self, request: Request) -> Response:
         policy = security.PAGE_POLICY
@@ -130,6 +125,19 @@ class Dashboard:
 
     def cookie_name(self, request: Request) -> str:
         return sessions.SECURE_COOKIE if security.over_https(request) else sessions.PLAIN_COOKIE
+
+    @property
+    def templates(self) -> Any:
+        if self._templates is None:
+            from jinja2 import Environment, PackageLoader, select_autoescape
+
+            self._templates = Environment(
+                loader=PackageLoader("mailsvc.dashboard", "templates"),
+                autoescape=select_autoescape(default=True, default_for_string=True),
+                trim_blocks=True,
+                lstrip_blocks=True,
+            )
+        return self._templates
 
     def render(self, name: str, status: int = 200, **context: Any) -> Response:
         body = self.templates.get_template(name).render(**context)
