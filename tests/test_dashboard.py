@@ -438,3 +438,17 @@ def test_a_template_is_edited_and_its_source_shown_inert(app, tenant):
     refused = browser.post(f"/dashboard/templates/{made['id']}", data=broken, headers=ORIGIN)
     assert refused.status_code == 400 and "html" in refused.get_data(as_text=True)
     assert "{% for %}" in refused.get_data(as_text=True)  # what was sent, shown again
+
+
+def test_a_page_notes_its_session_in_the_store_at_most_every_30_seconds(app, tenant, clock):
+    browser = signed_in(app, tenant)
+    assert browser.get("/dashboard/account").status_code == 200  # (the process's keys load)
+    jobs: list[int] = []
+    app.store.on_commit = lambda waits: jobs.append(len(waits))
+    for _ in range(5):
+        assert browser.get("/dashboard/account").status_code == 200
+    writes = sum(jobs)
+    assert writes == 5  # the rate-limit token of each page, and nothing for the session
+    clock.advance(31)
+    assert browser.get("/dashboard/account").status_code == 200
+    assert sum(jobs) == writes + 2  # its token, and the session seen again

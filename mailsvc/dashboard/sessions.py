@@ -15,6 +15,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..store import DashboardSession, Store
+from ..store.dashboard_sessions import SEEN_PRECISION_SECONDS
 
 #: The cookie's name over HTTPS (``__Host-``: Secure, Path=/, no Domain) and over plain HTTP.
 SECURE_COOKIE = "__Host-mailsvc_session"
@@ -70,5 +71,6 @@ def load(
     record = store.reads.get_dashboard_session(hashed)
     if record is None or now - record.seen_at > idle_seconds or now - record.created_at > lifetime:
         return None
-    store.write(lambda tx: tx.see_dashboard_session(hashed, now))
+    if now - record.seen_at >= SEEN_PRECISION_SECONDS:  # (no write a page: one in 30 s)
+        store.write(lambda tx: tx.see_dashboard_session(hashed, now))
     return SignedIn(session_id, record)
