@@ -452,3 +452,12 @@ def test_a_page_notes_its_session_in_the_store_at_most_every_30_seconds(app, ten
     clock.advance(31)
     assert browser.get("/dashboard/account").status_code == 200
     assert sum(jobs) == writes + 2  # its token, and the session seen again
+
+
+def test_a_form_larger_than_the_body_limit_is_refused_before_it_is_read(app, tenant):
+    browser = Client(app)
+    token = form_token(browser.get("/dashboard"))
+    flood = {"key": "x" * 2_000_000, "csrf_token": token}
+    refused = browser.post("/dashboard/sign-in", data=flood, headers=ORIGIN)
+    assert refused.status_code == 413 and refused.mimetype == "text/html"
+    assert browser.get_cookie("mailsvc_session") is None

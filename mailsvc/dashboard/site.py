@@ -93,6 +93,7 @@ class Dashboard:
     def __call__(self, request: Request) -> Response:
         policy = security.PAGE_POLICY
         request.environ[access.ROUTE] = PREFIX  # (the access log's and metrics' route)
+        request.max_content_length = self.settings.max_body_bytes  # a form, not a flood
         try:
             rule, arguments = _ROUTES.bind_to_environ(request.environ).match(return_rule=True)
             request.environ[access.ROUTE] = rule.rule
