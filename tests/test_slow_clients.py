@@ -5,6 +5,7 @@ gunicorn sees them (and answers its own errors in the service's JSON format)."""
 from __future__ import annotations
 
 import base64
+import http.client
 import os
 import shutil
 import socket
@@ -236,3 +237,38 @@ def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
         assert b"body: arrived at less than 1024 bytes a second" in answer
     assert sent[0] == 200, sent
+
+
+@needs_nginx
+def test_behind_nginx_the_dashboard_signs_in_and_its_forms_pass_their_origin_check(
+    served_tenant, tmp_path
+):
+    """Through the shipped nginx on a port of its own: the form's Origin (with the port) is
+    the site's own, and the session works; a form from another origin is still refused."""
+    import re
+
+    path, store, account_id, headers = served_tenant
+    key = headers["Authorization"].removeprefix("Bearer ")
+    settings = {"MAILSVC_DATABASE": path, "MAILSVC_STORE_MIN_FREE_MB": "0"}
+    with behind_nginx(settings, 1, tmp_path / "nginx") as (_, proxy):
+        origin = f"http://127.0.0.1:{proxy.port}"
+        connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+        connection.request("GET", "/dashboard")
+        form = connection.getresponse()
+        page = form.read().decode()
+        nonce = form.getheader("Set-Cookie").split(";")[0]
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+        body = f"key={key}&csrf_token={token}"
+        for sent_from, expected in (("https://evil.example", 403), (origin, 303)):
+            connection.request("POST", "/dashboard/sign-in", body=body, headers={
+                "Origin": sent_from, "Cookie": nonce,
+                "Content-Type": "application/x-www-form-urlencoded",
+            })  # fmt: skip
+            answered = connection.getresponse()
+            answered.read()
+            assert answered.status == expected, (sent_from, answered.status)
+        session = answered.getheader("Set-Cookie").split(";")[0]
+        connection.request("GET", "/dashboard/emails", headers={"Cookie": session})
+        emails = connection.getresponse()
+        assert emails.status == 200 and b"<h1>Emails</h1>" in emails.read()
+        connection.close()
