@@ -26,7 +26,7 @@ os.makedirs(_METRICS_FOLDER, exist_ok=True)
 import gunicorn.util  # noqa: E402
 
 from mailsvc.errors import raw_error_response  # noqa: E402
-from mailsvc.ops import logs  # noqa: E402
+from mailsvc.ops import logs, metrics  # noqa: E402
 from mailsvc.ops.startup import check_or_exit, fail, warn  # noqa: E402
 from mailsvc.settings import SettingsError, load_settings, unknown_variables  # noqa: E402
 
@@ -66,24 +66,11 @@ graceful_timeout = 30
 preload_app = True
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def on_starting(server):
     # Counts of an earlier run are not this one's; but the folder may be shared with a
     # `mailsvc submission` process beside gunicorn (its counts are in /metrics too): only the
-    # files of processes that are gone are removed (each file ends in its process's pid).
-    for entry in os.listdir(_METRICS_FOLDER):
-        pid = entry.rsplit("_", 1)[-1].removesuffix(".db")
-        if not pid.isdigit() or not _alive(int(pid)):
-            os.remove(os.path.join(_METRICS_FOLDER, entry))
+    # files of processes that are gone are removed.
+    metrics.forget_the_dead(_METRICS_FOLDER)
 
 
 #: glibc's ``mallopt`` option that caps its malloc arenas.

@@ -9,6 +9,7 @@ a process would be one process's view).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -66,6 +67,33 @@ RENDERS = Gauge(
     "Template renders running now, in every worker",
     multiprocess_mode="livesum",
 )
+
+
+def forget_the_dead(folder: str, kinds: tuple[str, ...] = ("",)) -> None:
+    """Remove the files of the multiprocess ``folder`` (those whose names begin with one of
+    ``kinds``) that belong to processes that are gone: each file's name ends in its pid. A file
+    not named so is not this module's, and is removed too when every kind is asked for."""
+    for entry in os.listdir(folder):
+        if not entry.startswith(kinds):
+            continue
+        pid = entry.rsplit("_", 1)[-1].removesuffix(".db")
+        if pid.isdigit() and _alive(int(pid)):
+            continue
+        if pid.isdigit() or kinds == ("",):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, entry))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process: alive)
+        return True
+    return True
+
+
 SUBMISSION_CONNECTIONS = Gauge(
     "mailsvc_submission_connections",
     "SMTP submission connections open now, in every submission process",

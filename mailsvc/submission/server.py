@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..app import MailService
+from ..ops import metrics
 from ..settings import Settings
 from .session import Connections, SubmissionSession
 from .tls import tls_context
@@ -156,25 +157,8 @@ def _forget_dead_live_gauges() -> None:
     """Live gauges (open connections) of processes that died without saying so (kill -9) no
     longer count: their files in the shared metrics folder are removed."""
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not folder:
-        return
-    for entry in os.listdir(folder):
-        if not entry.startswith(("gauge_livesum_", "gauge_liveall_", "gauge_livemax_")):
-            continue
-        pid = entry.rsplit("_", 1)[-1].removesuffix(".db")
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(folder, entry))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    if folder:
+        metrics.forget_the_dead(folder, ("gauge_livesum_", "gauge_liveall_", "gauge_livemax_"))
 
 
 def _notify_systemd(state: str) -> None:
