@@ -376,6 +376,24 @@ def test_webhooks_are_created_with_their_secret_once_tested_and_deleted(config, 
     no_events = {"url": "http://127.0.0.1:9/x", "csrf_token": token}
     none = browser.post("/dashboard/webhooks", data=no_events, headers=ORIGIN)
     assert none.status_code == 400 and "events" in none.get_data(as_text=True)
+    changed = browser.post(
+        f"/dashboard/webhooks/{webhook_id}",
+        data={"url": "http://127.0.0.1:9/other", "events": ["email.failed"],
+              "status": "disabled", "csrf_token": token},
+        headers=ORIGIN,
+    )  # fmt: skip
+    assert changed.status_code == 303
+    shown = Client(app).get(f"/v1/webhooks/{webhook_id}", headers=tenant.headers).get_json()
+    assert (shown["url"], shown["events"], shown["status"]) == (
+        "http://127.0.0.1:9/other",
+        ["email.failed"],
+        "disabled",
+    )
+    refused = browser.post(
+        f"/dashboard/webhooks/{webhook_id}",
+        data={"url": "http://127.0.0.1:9/other", "csrf_token": token}, headers=ORIGIN,
+    )  # fmt: skip
+    assert refused.status_code == 400 and "events" in refused.get_data(as_text=True)
     gone = browser.post(f"/dashboard/webhooks/{webhook_id}/delete", data={"csrf_token": token},
                         headers=ORIGIN)  # fmt: skip
     assert gone.status_code == 303

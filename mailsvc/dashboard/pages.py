@@ -43,6 +43,7 @@ from ..routes import (
     REVOKE_KEY,
     TEST_WEBHOOK,
     UPDATE_TEMPLATE,
+    UPDATE_WEBHOOK,
     VERIFY_DOMAIN,
 )
 from ..settings import Settings
@@ -399,12 +400,29 @@ def create_webhook(dash: Dashboard, request: Request, signed_in: SignedIn) -> Re
     return _refused_or(dash, request, signed_in, webhooks, change)
 
 
-def webhook(dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str) -> Response:
+def webhook(dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str,
+            problem: str | None = None, status: int = 200) -> Response:  # fmt: skip
     key_id, matched = signed_in.record.key_id, {"webhook_id": webhook_id}
     shown = dash.service.act(key_id, GET_WEBHOOK, matched)
     deliveries = dash.service.act(key_id, LIST_WEBHOOK_DELIVERIES, matched, query={"limit": "25"})
-    return dash.render("webhook.html", signed_in=signed_in, webhook=shown,
-                       deliveries=deliveries["data"])  # fmt: skip
+    return dash.render("webhook.html", status=status, signed_in=signed_in, webhook=shown,
+                       deliveries=deliveries["data"], events=WEBHOOK_EVENTS,
+                       problem=problem)  # fmt: skip
+
+
+def update_webhook(
+    dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str
+) -> Response:
+    """Change its URL, events and status (``PATCH /v1/webhooks/{id}``)."""
+    security.check_form(request, signed_in.csrf_token)
+    body: dict[str, Any] = _form(request, "url", "status")
+    body["events"] = request.form.getlist("events")
+    try:
+        dash.service.act(signed_in.record.key_id, UPDATE_WEBHOOK, {"webhook_id": webhook_id},
+                         body=body)  # fmt: skip
+    except ValidationFailed as exc:
+        return webhook(dash, request, signed_in, webhook_id, problem=exc.message, status=400)
+    return redirect(f"/dashboard/webhooks/{webhook_id}", 303)
 
 
 def test_webhook(

@@ -64,6 +64,7 @@ _ROUTES = Map(
         Rule("/dashboard/webhooks", endpoint="webhooks", methods=["GET"]),
         Rule("/dashboard/webhooks", endpoint="create_webhook", methods=["POST"]),
         Rule("/dashboard/webhooks/<webhook_id>", endpoint="webhook", methods=["GET"]),
+        Rule("/dashboard/webhooks/<webhook_id>", endpoint="update_webhook", methods=["POST"]),
         Rule("/dashboard/webhooks/<webhook_id>/test", endpoint="test_webhook", methods=["POST"]),
         Rule("/dashboard/webhooks/<webhook_id>/delete", endpoint="delete_webhook",
              methods=["POST"]),
