@@ -65,6 +65,17 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def stop_process(process: subprocess.Popen[bytes], sig: int, timeout: float) -> None:
+    """Send ``sig`` to a server process and wait for it; past ``timeout``, kill its group."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 class Gunicorn:
     """``gunicorn -c gunicorn.conf.py -w N -b 127.0.0.1:PORT`` with ``MAILSVC_*`` settings."""
 
@@ -116,13 +127,7 @@ class Gunicorn:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> str:
         """Stop the server; returns what it wrote on stderr."""
         assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process(self.process, sig, timeout)
         return self._close_log()
 
     def worker_pids(self) -> list[int]:
@@ -293,13 +298,7 @@ class Submission:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> str:
         """Stop it (SIGTERM: gracefully; SIGKILL: kill -9); what it wrote."""
         assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        stop_process(self.process, sig, timeout)
         text = self.log()
         self._log.close()
         return text
