@@ -61,6 +61,13 @@ class AlreadyExists(ServiceError):
     status = 409
 
 
+class Conflict(ServiceError):
+    """The thing asked for is not in a state that allows the change (a webhook delivery still
+    pending cannot be sent again)."""
+
+    status = 409
+
+
 class IdempotencyConflict(ServiceError):
     """The first request with this idempotency key is still running."""
 

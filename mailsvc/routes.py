@@ -193,6 +193,13 @@ LIST_WEBHOOK_DELIVERIES = Endpoint(
     "webhookDeliveryPage",
     schema="page_query",
 )
+RESEND_WEBHOOK_DELIVERY = Endpoint(
+    webhooks.resend_delivery,
+    "Send a delivery that succeeded or failed again, now",
+    "webhookDelivery",
+    writes=True,
+    refusals=(409,),
+)
 
 HEALTH = Endpoint(public.health, "The process answers", "health", public=True)
 READY = Endpoint(
@@ -248,6 +255,8 @@ URL_MAP = Map(
         Rule("/v1/webhooks/<webhook_id>/test", methods=["POST"], endpoint=TEST_WEBHOOK),
         Rule("/v1/webhooks/<webhook_id>/deliveries", methods=["GET"],
              endpoint=LIST_WEBHOOK_DELIVERIES),
+        Rule("/v1/webhooks/<webhook_id>/deliveries/<delivery_id>/resend", methods=["POST"],
+             endpoint=RESEND_WEBHOOK_DELIVERY),
         Rule("/v1/openapi.json", methods=["GET"], endpoint=OPENAPI),
         Rule("/healthz", methods=["GET"], endpoint=HEALTH),
         Rule("/readyz", methods=["GET"], endpoint=READY),

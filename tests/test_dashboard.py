@@ -400,6 +400,47 @@ def test_webhooks_are_created_with_their_secret_once_tested_and_deleted(config, 
     assert browser.get(f"/dashboard/webhooks/{webhook_id}").status_code == 404
 
 
+def test_a_failed_webhook_delivery_is_sent_again_from_its_page(config, clock, receiver):
+    from .webhook_receiver import Answer
+
+    config.update(webhook_allow_http=True, webhook_allow_private=True,
+                  webhook_retry_seconds="0.1")  # fmt: skip
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    app.start()
+    try:
+        receiver.answer = lambda delivery: Answer(500)
+        made = Client(app).post("/v1/webhooks", headers=tenant.headers,
+                                json={"url": receiver.url(), "events": ["email.sent"]})  # fmt: skip
+        webhook_id = made.get_json()["id"]
+        browser = signed_in(app, tenant)
+        token = form_token(browser.get("/dashboard/webhooks"))
+        browser.post(f"/dashboard/webhooks/{webhook_id}/test", data={"csrf_token": token},
+                     headers=ORIGIN)  # fmt: skip
+        page = f"/dashboard/webhooks/{webhook_id}"
+        wait_until(lambda: "Send again" in browser.get(page).get_data(as_text=True), 10, "failed")
+        html = browser.get(page).get_data(as_text=True)
+        resend = re.search(
+            r'action="(/dashboard/webhooks/[^"]+/deliveries/(msg_\w+)/resend)"', html
+        )
+        assert resend and len(receiver.received) == 2  # the first attempt, and one retry
+        receiver.answer = lambda delivery: Answer(200)
+        forged = browser.post(resend.group(1), data={"csrf_token": "x"}, headers=ORIGIN)
+        assert forged.status_code == 403
+        sent = browser.post(resend.group(1), data={"csrf_token": token}, headers=ORIGIN)
+        assert sent.status_code == 303 and sent.headers["Location"].endswith(resend.group(2))
+        receiver.wait_for(3, timeout=10)
+        assert receiver.received[-1].headers["webhook-id"] == resend.group(2)
+        wait_until(lambda: "succeeded" in browser.get(page).get_data(as_text=True), 10, "sent")
+        # Another account's session cannot send it again.
+        other = signed_in(app, make_tenant(app, domain=None))
+        theirs = other.post(resend.group(1), data={"csrf_token": form_token(other.get(
+            "/dashboard/webhooks"))}, headers=ORIGIN)  # fmt: skip
+        assert theirs.status_code == 404
+    finally:
+        app.stop(timeout=5)
+
+
 def test_templates_are_listed_created_escaped_and_deleted(app, tenant):
     browser = signed_in(app, tenant)
     token = form_token(browser.get("/dashboard/templates"))

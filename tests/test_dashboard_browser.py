@@ -68,6 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             "MAILSVC_STORE_MIN_FREE_MB": "0",
             "MAILSVC_WEBHOOK_ALLOW_HTTP": "true",
             "MAILSVC_WEBHOOK_ALLOW_PRIVATE": "true",
+            "MAILSVC_WEBHOOK_RETRY_SECONDS": "0.1",  # its test event fails at once: sent again
         },
         workers=1,
     ).start()

@@ -21,6 +21,7 @@ from mailsvc.http import inputs
 from mailsvc.http.openapi import build, route_template
 from mailsvc.ops.version import installed
 from mailsvc.routes import URL_MAP
+from mailsvc.store import WebhookAttempt
 from mailsvc.timestamps import iso_time
 
 from .conftest import email_body, make_tenant
@@ -95,6 +96,25 @@ class World:
         assert response.status_code in (200, 201), response.get_json()
         return response.get_json().get("id") or response.get_json()["address"]
 
+    def webhook(self) -> str:
+        self.webhook_id = self.made(
+            "/v1/webhooks", {"url": "http://127.0.0.1:9/x", "events": ["email.sent"]}
+        )
+        return self.webhook_id
+
+    def finished_delivery(self) -> str:
+        """A test event to the webhook just made, its delivery failed (as the pool records)."""
+        sent = self.made(f"/v1/webhooks/{self.webhook_id}/test", {})
+        store, now = self.app.store, self.app.clock()
+        claimed = store.write(lambda tx: tx.claim_webhook_deliveries("world", now, 60, 100, 100))
+        for delivery, _ in claimed:
+            store.write(
+                lambda tx, d=delivery: tx.finish_webhook_delivery(
+                    d.seq, "world", WebhookAttempt(d.attempts, now, 500, 1.0, None), "failed", None
+                )
+            )
+        return sent
+
     def request(self, method: str, path: str) -> tuple[str, Any]:
         """A request of this operation that succeeds: its URL and its JSON body."""
         later = lambda seconds: iso_time(self.app.clock() + seconds)  # noqa: E731
@@ -103,9 +123,8 @@ class World:
             "template_id": lambda: self.made("/v1/templates", {"name": "t", "text": "Hi {{ n }}"}),
             "domain_id": lambda: self.made("/v1/domains", {"name": f"d{self.unique()}.test"}),
             "key_id": lambda: self.made("/v1/api-keys", {"name": "k", "scope": "full"}),
-            "webhook_id": lambda: self.made(
-                "/v1/webhooks", {"url": "http://127.0.0.1:9/x", "events": ["email.sent"]}
-            ),
+            "webhook_id": self.webhook,
+            "delivery_id": self.finished_delivery,
             "address": lambda: self.made(
                 "/v1/suppressions", {"address": f"s{self.unique()}@example.org"}
             ),

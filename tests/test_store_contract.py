@@ -21,6 +21,7 @@ from mailsvc.store import (
     EmailFilter,
     NewEmail,
     NewRecipient,
+    Recipient,
     Store,
     TokenExhausted,
     tokens_at,
@@ -410,6 +411,33 @@ def test_events_of_one_email_go_to_an_endpoint_one_after_the_other(stores):
     assert then.event_id == "msg_2"
 
 
+def test_a_finished_webhook_delivery_is_sent_again_once_by_every_store_at_once(stores):
+    from mailsvc.store import WebhookAttempt, WebhookEvent
+
+    store = stores[0]
+    owner = hooked_account(store, endpoints=1)
+    store.write(
+        lambda tx: tx.add_webhook_events(owner, 7, [WebhookEvent("msg_1", "email.sent", "{}")], 1.0)
+    )
+    [(claimed, _)] = store.write(lambda tx: tx.claim_webhook_deliveries("a", 2.0, 60.0, 5, 5))
+    assert not store.write(lambda tx: tx.resend_webhook_delivery(owner, "wh_0", "msg_1", 3.0))
+    attempt = WebhookAttempt(1, 2.0, 500, 3.0, None)
+    store.write(lambda tx: tx.finish_webhook_delivery(claimed.seq, "a", attempt, "failed", None))
+    store.write(lambda tx: tx.hold_endpoint("wh_0", 5000.0))
+
+    def resend(s: Store, _: int) -> bool:
+        return s.write(lambda tx: tx.resend_webhook_delivery(owner, "wh_0", "msg_1", 10.0))
+
+    assert sorted(race(stores, resend)) == [False] * (RACERS - 1) + [True]
+    again = stores[1].reads.get_webhook_delivery(owner, "wh_0", "msg_1")
+    assert (again.status, again.due_at, len(again.tried)) == ("pending", 10.0, 1)
+    # Due now, though the endpoint was held after its failures; another account's is untouched.
+    [(taken, _)] = store.write(lambda tx: tx.claim_webhook_deliveries("b", 11.0, 60.0, 5, 5))
+    assert taken.seq == claimed.seq and taken.attempts == 2
+    assert not store.write(lambda tx: tx.resend_webhook_delivery("acc_x", "wh_0", "msg_1", 12.0))
+    assert stores[2].reads.get_webhook_delivery("acc_x", "wh_0", "msg_1") is None
+
+
 def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
     store = stores[0]
     owner = account(store)
@@ -548,19 +576,70 @@ def test_a_dashboard_session_is_seen_at_most_every_30_seconds_and_idle_ones_go(s
     assert stores[3].reads.get_dashboard_session(b"b" * 32) is not None
 
 
-def test_an_accounts_daily_outcomes_are_counted_by_day_and_status(stores):
-    owner, other = account(stores[0], credits=100), account(stores[0], 100, name="acc_other")
+def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_they_happen(
+    stores,
+):
+    owner, other = account(stores[0], credits=1000), account(stores[0], 1000, name="acc_other")
     sender_domain(stores[0], owner)
     sender_domain(stores[0], other, "other.test")
     day = 86400.0
-    for number, (at, who, sender) in enumerate(
-        [(0.5, owner, "a@verified.test"), (0.6, owner, "a@verified.test"),
-         (2.5, owner, "a@verified.test"), (2.5, other, "a@other.test"),
-         (20.0, owner, "a@verified.test")]
-    ):  # fmt: skip
-        email = new_email(f"em_{number}", who, sender, created_at=at * day)
-        stores[0].write(lambda tx, email=email: tx.enqueue_email(email))
+    two = (NewRecipient("b@example.org"), NewRecipient("c@example.org"))
+
+    def enqueue(tx: Any) -> None:
+        for number in range(80):
+            tx.enqueue_email(new_email(f"em_{number}", owner, "a@verified.test", recipients=two))
+        tx.enqueue_email(new_email("em_other", other, "a@other.test"))
+
+    stores[0].write(enqueue)
+    claimed = {e.id: e.seq for e in stores[0].write(lambda tx: tx.claim_due("me", 9.0, 1e9, 100))}
+    # Eight stores record at once: 40 sent (10 partly) on day 2, 20 failed on day 3, 20
+    # deferred (not an outcome yet); another account's sent email; a lost lease counts nothing.
+    plan = {f"em_{n}": ("sent", 2.5) for n in range(30)}
+    plan |= {f"em_{n}": ("partially_sent", 2.6) for n in range(30, 40)}
+    plan |= {f"em_{n}": ("failed", 3.5) for n in range(40, 60)}
+    plan |= {f"em_{n}": ("deferred", 3.5) for n in range(60, 80)}
+
+    delivered = [(0, Recipient("b@example.org", "sent")), (1, Recipient("c@example.org", "sent"))]
+
+    def record(store: Store, number: int) -> list[bool]:
+        mine = sorted(plan)[number::RACERS]
+        return [
+            store.write(
+                lambda tx, email_id=email_id: tx.finish_attempt(
+                    claimed[email_id], "me", plan[email_id][0], delivered, plan[email_id][1] * day,
+                    day * 9 if plan[email_id][0] == "deferred" else None, None,
+                )
+            )
+            for email_id in mine
+        ]  # fmt: skip
+
+    assert all(all(done) for done in race(stores, record))
+    stores[0].write(
+        lambda tx: tx.finish_attempt(claimed["em_other"], "me", "sent", [], 2.5 * day, None, None)
+    )
+    assert not stores[0].write(
+        lambda tx: tx.finish_attempt(claimed["em_0"], "nobody", "sent", [], 2.5 * day, None, None)
+    )
+    # Reports of day 4: each of eight stores reports the same recipients; each counts once.
+    reports = [("em_0", 0, "bounced"), ("em_0", 1, "bounced"), ("em_1", 0, "complained")]
+
+    def report(store: Store, _: int) -> list[bool]:
+        return [
+            store.write(
+                lambda tx, email_id=email_id, position=position, status=status: tx.report_recipient(
+                    claimed[email_id], position, status, None, None, 4.2 * day
+                )
+            )
+            for email_id, position, status in reports
+        ]
+
+    changed = race(stores, report)
+    assert sum(sum(done) for done in changed) == 3, "a report changed a recipient twice"
     counted = stores[1].reads.daily_outcomes(owner, 0.0, 14)
     assert len(counted) == 14
-    assert counted[0] == {"queued": 2} and counted[1] == {} and counted[2] == {"queued": 1}
-    assert sum(sum(d.values()) for d in counted) == 3  # not the other account's, not day 20
+    assert counted[2] == {"sent": 40} and counted[3] == {"failed": 20}
+    assert counted[4] == {"bounced": 2, "complained": 1}
+    assert sum(sum(d.values()) for d in counted) == 63  # not the other account's
+    # The window starts where it is asked to, and leaves out days outside it.
+    assert stores[2].reads.daily_outcomes(owner, 3 * day, 2) == [{"failed": 20}, counted[4]]
+    assert stores[2].reads.daily_outcomes(other, 0.0, 3)[2] == {"sent": 1}

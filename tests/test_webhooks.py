@@ -319,6 +319,39 @@ def test_a_delivery_that_keeps_failing_ends_failed_with_its_next_attempts_shown(
     assert len(receiver.received) == 5
 
 
+def test_a_failed_delivery_is_sent_again_on_request_with_the_same_id(hooked, receiver):
+    app, tenant, client = hooked
+    made = subscribe(client, tenant, receiver.url())
+    receiver.answer = lambda delivery: Answer(500)
+    client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+    [failed] = wait_deliveries(client, tenant, made["id"], lambda d: d[0]["status"] == "failed")
+    resend = f"/v1/webhooks/{made['id']}/deliveries/{failed['id']}/resend"
+    receiver.answer = lambda delivery: Answer(200, delay=1.0)  # slow: asked again meanwhile
+    answered = client.post(resend, headers=tenant.headers)
+    assert answered.status_code == 200, answered.get_json()
+    assert answered.get_json()["status"] == "pending" and answered.get_json()["id"] == failed["id"]
+    # Asked again while it is pending or being delivered: refused, one delivery, not two.
+    assert_error(client.post(resend, headers=tenant.headers), 409, "delivery", "still")
+    [done] = wait_deliveries(client, tenant, made["id"], lambda d: d[0]["status"] == "succeeded")
+    assert [a["httpStatus"] for a in done["attempts"]] == [500] * 5 + [200]
+    sent_again = receiver.received[-1]
+    assert sent_again.headers["webhook-id"] == failed["id"]
+    assert verified(made["secret"], sent_again) == failed["payload"]
+    time.sleep(0.3)
+    assert len(receiver.received) == 6
+    # A delivery that succeeded may be sent again too; another account's is a 404.
+    receiver.answer = lambda delivery: Answer(200)
+    assert client.post(resend, headers=tenant.headers).status_code == 200
+    receiver.wait_for(7, timeout=10)
+    other = make_tenant(app, domain=None)
+    assert_error(client.post(resend, headers=other.headers), 404, "webhook")
+    missing = f"/v1/webhooks/{made['id']}/deliveries/msg_nothing/resend"
+    assert_error(client.post(missing, headers=tenant.headers), 404, "delivery", "msg_nothing")
+    # A disabled endpoint sends nothing again.
+    client.patch(f"/v1/webhooks/{made['id']}", json={"status": "disabled"}, headers=tenant.headers)
+    assert_error(client.post(resend, headers=tenant.headers), 400, "disabled")
+
+
 def test_retry_after_is_honoured(hooked, receiver):
     app, tenant, client = hooked
     subscribe(client, tenant, receiver.url())

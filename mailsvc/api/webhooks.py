@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from ..errors import NotFound, ValidationFailed
+from ..errors import Conflict, NotFound, ValidationFailed
 from ..http.auth import Principal
 from ..http.paging import list_page
 from ..ids import new_id
 from ..store import Reads, Webhook, WebhookDelivery, Writes
-from ..store.webhooks import ENABLED, PENDING
+from ..store.webhooks import DELIVERING, ENABLED, PENDING
 from ..timestamps import iso_time
 from ..webhooks import events, signing
 from ..webhooks.targets import check_target
@@ -187,6 +188,30 @@ def list_deliveries(
         lambda delivery: delivery.seq,
         present_all,
     )
+
+
+def resend_delivery(
+    reads: Reads, principal: Principal, deps: Dependencies, *, webhook_id: str, delivery_id: str
+) -> Change:
+    """Send a delivery that succeeded or failed again, now: same event id (a receiver that
+    keeps the ids it has seen can tell), same payload, its attempts numbered on."""
+    webhook = _find(reads, principal, webhook_id)
+    if webhook.status != ENABLED:
+        raise ValidationFailed(f"webhook {webhook_id}: it is disabled; enable it first")
+    delivery = reads.get_webhook_delivery(principal.account_id, webhook_id, delivery_id)
+    if delivery is None:
+        raise NotFound(f"delivery {delivery_id}: not found for webhook {webhook_id}")
+    pending = f"delivery {delivery_id}: it is still {{}}; it can be sent again once it has ended"
+    if delivery.status in (PENDING, DELIVERING):
+        raise Conflict(pending.format(delivery.status))
+    now = deps.clock()
+
+    def resend(tx: Writes) -> None:
+        if not tx.resend_webhook_delivery(principal.account_id, webhook_id, delivery_id, now):
+            raise Conflict(pending.format("pending, or its webhook was disabled,"))
+
+    answer = present_delivery(replace(delivery, status=PENDING, due_at=now))
+    return Change(resend, answer, wakes_webhooks=True)
 
 
 def present_webhook(webhook: Webhook) -> dict[str, Any]:

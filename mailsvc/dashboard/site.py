@@ -16,7 +16,19 @@ from ..http import access_log as access
 from ..http.endpoints import Endpoint
 from ..settings import Settings
 from ..store import Store, StoreOutage
-from . import pages, security, sessions
+from . import (
+    account_page,
+    domain_pages,
+    email_pages,
+    key_pages,
+    pages,
+    security,
+    sessions,
+    signing_in,
+    suppression_pages,
+    template_pages,
+    webhook_pages,
+)
 
 
 class Service(Protocol):
@@ -40,46 +52,55 @@ log = logging.getLogger("mailsvc.dashboard")
 
 PREFIX = "/dashboard"
 
+
+def get(path: str, page: Callable[..., Response]) -> Rule:
+    return Rule(path, endpoint=page, methods=["GET"])
+
+
+def post(path: str, page: Callable[..., Response]) -> Rule:
+    return Rule(path, endpoint=page, methods=["POST"])
+
+
 _ROUTES = Map(
     [
-        Rule("/dashboard", endpoint="sign_in_form", methods=["GET"]),
-        Rule("/dashboard/sign-in", endpoint="sign_in", methods=["POST"]),
-        Rule("/dashboard/sign-out", endpoint="sign_out", methods=["POST"]),
-        Rule("/dashboard/emails", endpoint="emails", methods=["GET"]),
-        Rule("/dashboard/emails/<email_id>", endpoint="email", methods=["GET"]),
-        Rule("/dashboard/emails/<email_id>/preview", endpoint="preview", methods=["GET"]),
-        Rule("/dashboard/emails/<email_id>/cancel", endpoint="cancel", methods=["POST"]),
-        Rule("/dashboard/emails/<email_id>/reschedule", endpoint="reschedule", methods=["POST"]),
-        Rule("/dashboard/domains", endpoint="domains", methods=["GET"]),
-        Rule("/dashboard/domains", endpoint="add_domain", methods=["POST"]),
-        Rule("/dashboard/domains/<domain_id>/check", endpoint="check_domain", methods=["POST"]),
-        Rule("/dashboard/domains/<domain_id>/delete", endpoint="delete_domain", methods=["POST"]),
-        Rule("/dashboard/keys", endpoint="keys", methods=["GET"]),
-        Rule("/dashboard/keys", endpoint="create_key", methods=["POST"]),
-        Rule("/dashboard/keys/<key_id>/revoke", endpoint="revoke_key", methods=["POST"]),
-        Rule("/dashboard/account", endpoint="account", methods=["GET"]),
-        Rule("/dashboard/suppressions", endpoint="suppressions", methods=["GET"]),
-        Rule("/dashboard/suppressions", endpoint="add_suppression", methods=["POST"]),
-        Rule("/dashboard/suppressions/delete", endpoint="delete_suppression", methods=["POST"]),
-        Rule("/dashboard/webhooks", endpoint="webhooks", methods=["GET"]),
-        Rule("/dashboard/webhooks", endpoint="create_webhook", methods=["POST"]),
-        Rule("/dashboard/webhooks/<webhook_id>", endpoint="webhook", methods=["GET"]),
-        Rule("/dashboard/webhooks/<webhook_id>", endpoint="update_webhook", methods=["POST"]),
-        Rule("/dashboard/webhooks/<webhook_id>/test", endpoint="test_webhook", methods=["POST"]),
-        Rule("/dashboard/webhooks/<webhook_id>/delete", endpoint="delete_webhook",
-             methods=["POST"]),
-        Rule("/dashboard/templates", endpoint="templates", methods=["GET"]),
-        Rule("/dashboard/templates", endpoint="create_template", methods=["POST"]),
-        Rule("/dashboard/templates/<template_id>", endpoint="template", methods=["GET"]),
-        Rule("/dashboard/templates/<template_id>", endpoint="update_template", methods=["POST"]),
-        Rule("/dashboard/templates/<template_id>/delete", endpoint="delete_template",
-             methods=["POST"]),
-        Rule("/dashboard/static/<name>", endpoint="static", methods=["GET"]),
+        get("/dashboard", signing_in.sign_in_form),
+        post("/dashboard/sign-in", signing_in.sign_in),
+        post("/dashboard/sign-out", signing_in.sign_out),
+        get("/dashboard/emails", email_pages.emails),
+        get("/dashboard/emails/<email_id>", email_pages.email),
+        get("/dashboard/emails/<email_id>/preview", email_pages.preview),
+        post("/dashboard/emails/<email_id>/cancel", email_pages.cancel),
+        post("/dashboard/emails/<email_id>/reschedule", email_pages.reschedule),
+        get("/dashboard/domains", domain_pages.domains),
+        post("/dashboard/domains", domain_pages.add_domain),
+        post("/dashboard/domains/<domain_id>/check", domain_pages.check_domain),
+        post("/dashboard/domains/<domain_id>/delete", domain_pages.delete_domain),
+        get("/dashboard/keys", key_pages.keys),
+        post("/dashboard/keys", key_pages.create_key),
+        post("/dashboard/keys/<key_id>/revoke", key_pages.revoke_key),
+        get("/dashboard/account", account_page.account),
+        get("/dashboard/suppressions", suppression_pages.suppressions),
+        post("/dashboard/suppressions", suppression_pages.add_suppression),
+        post("/dashboard/suppressions/delete", suppression_pages.delete_suppression),
+        get("/dashboard/webhooks", webhook_pages.webhooks),
+        post("/dashboard/webhooks", webhook_pages.create_webhook),
+        get("/dashboard/webhooks/<webhook_id>", webhook_pages.webhook),
+        post("/dashboard/webhooks/<webhook_id>", webhook_pages.update_webhook),
+        post("/dashboard/webhooks/<webhook_id>/test", webhook_pages.test_webhook),
+        post("/dashboard/webhooks/<webhook_id>/delete", webhook_pages.delete_webhook),
+        post("/dashboard/webhooks/<webhook_id>/deliveries/<delivery_id>/resend",
+             webhook_pages.resend_delivery),
+        get("/dashboard/templates", template_pages.templates),
+        post("/dashboard/templates", template_pages.create_template),
+        get("/dashboard/templates/<template_id>", template_pages.template),
+        post("/dashboard/templates/<template_id>", template_pages.update_template),
+        post("/dashboard/templates/<template_id>/delete", template_pages.delete_template),
+        get("/dashboard/static/<name>", pages.static),
     ],
     strict_slashes=False,
 )  # fmt: skip
 #: Pages that need no session.
-_OPEN = ("sign_in_form", "sign_in", "static")
+_OPEN = (signing_in.sign_in_form, signing_in.sign_in, pages.static)
 
 
 class Dashboard:
@@ -98,17 +119,16 @@ class Dashboard:
         try:
             rule, arguments = _ROUTES.bind_to_environ(request.environ).match(return_rule=True)
             request.environ[access.ROUTE] = rule.rule
-            endpoint = str(rule.endpoint)
-            handler: Callable[..., Response] = getattr(pages, endpoint)
-            if endpoint in _OPEN:
+            handler: Callable[..., Response] = rule.endpoint
+            if handler in _OPEN:
                 response = handler(self, request, **arguments)
             else:
                 signed_in = self.session(request)
                 if signed_in is None:
-                    response = pages.to_sign_in(self, request)
+                    response = signing_in.to_sign_in(self, request)
                 else:
                     response = handler(self, request, signed_in, **arguments)
-                    if endpoint == "preview":
+                    if handler is email_pages.preview:
                         policy = security.PREVIEW_POLICY
         except Exception as exc:
             response = self.error_page(request, exc)
@@ -154,7 +174,7 @@ class Dashboard:
         elif isinstance(exc, StoreOutage):
             status, message = 503, "The service cannot reach its store just now; try again."
         elif isinstance(exc, NotAuthenticated):
-            return pages.to_sign_in(self, request)
+            return signing_in.to_sign_in(self, request)
         elif isinstance(exc, ServiceError):
             status, message = exc.status, exc.message
         else:

@@ -131,7 +131,7 @@ def apply_report(
             if finding.kind in (BOUNCED, COMPLAINED):
                 status = statuses.BOUNCED if finding.kind == BOUNCED else statuses.COMPLAINED
                 changed = tx.report_recipient(
-                    email.seq, match.position, status, finding.status, _reply(finding)
+                    email.seq, match.position, status, finding.status, _reply(finding), now
                 )
                 tx.add_suppression(
                     email.account_id, address, status, email.id, _reply(finding), now

@@ -17,6 +17,7 @@ from .contract import (
     TokenExhausted,
     Writes,
 )
+from .history import OUTCOMES
 from .outages import StoreOutage
 from .records import (
     Account,
@@ -65,6 +66,7 @@ def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int =
 
 
 __all__ = [
+    "OUTCOMES",
     "DashboardSession",
     "Account",
     "ApiKey",

@@ -177,6 +177,12 @@ class Reads(Protocol):
         """The endpoint's deliveries, newest first, each with its attempts."""
         ...
 
+    def get_webhook_delivery(
+        self, account_id: str, webhook_id: str, event_id: str
+    ) -> WebhookDelivery | None:
+        """The account's delivery of event ``event_id`` to the endpoint, with its attempts."""
+        ...
+
     def next_webhook_due_at(self) -> float | None:
         """The earliest time a webhook delivery falls due (an attempt, a lease's end)."""
         ...
@@ -198,8 +204,11 @@ class Reads(Protocol):
     def get_service_secret(self, name: str) -> bytes | None: ...
 
     def daily_outcomes(self, account_id: str, since: float, days: int) -> list[dict[str, int]]:
-        """The account's emails created on each of ``days`` days from ``since`` (86,400 s
-        each), by status: one dict of status to count a day, oldest first (read by index)."""
+        """What happened to the account's mail on each of ``days`` days from ``since`` (days
+        of 86,400 s from midnight UTC): one dict a day, oldest first, of outcome (``sent`` and
+        ``failed`` count emails by their last attempt, ``bounced`` and ``complained``
+        recipients by a report) to count. Read from counters that the transactions recording
+        those outcomes keep, so its cost does not grow with the number of emails."""
         ...
 
     # -- dashboard sessions -----------------------------------------------------------------
@@ -416,8 +425,10 @@ class Writes(Reads, Protocol):
         """Record an attempt's outcome, and its events, only if ``owner`` still holds the lease
         (checked and written in one update). False, and nothing written, when it lost it.
         ``refunded`` credit (recipients suppressed since acceptance) goes back to the account.
-        An email deferred by an attempt that could not reach the relay (``relay_unreached``)
-        waits for the relay (see :meth:`due_again_after_outage`); any other outcome ends that."""
+        A final ``sent``, ``partially_sent`` or ``failed`` adds one to the account's count for
+        the day of ``now`` (see :meth:`Reads.daily_outcomes`). An email deferred by an attempt
+        that could not reach the relay (``relay_unreached``) waits for the relay (see
+        :meth:`due_again_after_outage`); any other outcome ends that."""
         ...
 
     def due_again_after_outage(self, now: float, limit: int) -> int:
@@ -456,10 +467,12 @@ class Writes(Reads, Protocol):
         status: str,
         enhanced_code: str | None,
         reply: str | None,
+        at: float,
     ) -> bool:
         """Mark a recipient ``bounced`` or ``complained`` if a report may change it (the relay
         took its mail), checked and written in one update; False when it may not. A sent email
-        with no recipient left delivered becomes ``bounced``."""
+        with no recipient left delivered becomes ``bounced``. The account's count of the outcome
+        on the day of ``at`` goes up by one when the recipient changed."""
         ...
 
     def add_suppression(
@@ -512,6 +525,15 @@ class Writes(Reads, Protocol):
     def add_webhook_test(
         self, account_id: str, webhook_id: str, event: WebhookEvent, now: float
     ) -> bool: ...
+
+    def resend_webhook_delivery(
+        self, account_id: str, webhook_id: str, event_id: str, now: float
+    ) -> bool:
+        """Make the account's delivery that succeeded or failed due again at ``now`` (same event
+        id, its attempts kept and numbered on), if its endpoint is enabled, checked and written
+        in one update, and end the endpoint's hold after failures. False, and nothing changed,
+        when there is none or it is still pending: of two hosts resending it, one gets True."""
+        ...
 
     def claim_webhook_deliveries(
         self, owner: str, now: float, lease_seconds: float, limit: int, per_endpoint: int

@@ -37,6 +37,14 @@ def _domain(email: NewEmail) -> str:
     return email.sender_address.rpartition("@")[2]
 
 
+#: The last attempt's statuses the account's daily counters count, and as what.
+_COUNTED_AS = {
+    statuses.SENT: "sent",
+    statuses.PARTIALLY_SENT: "sent",
+    statuses.FAILED: "failed",
+}
+
+
 class QueueVerbs(HistoryVerbs):
     contended: Callable[[Contended], None]
 
@@ -292,6 +300,8 @@ class QueueVerbs(HistoryVerbs):
             return False
         if refunded:
             self._give_credit(row[1], refunded)
+        if due_at is None and status in _COUNTED_AS:
+            self.count_outcome(row[1], now, _COUNTED_AS[status], seq)
         recipients = list(recipients)
         for position, r in recipients:
             self.run(

@@ -48,6 +48,7 @@ class ReportVerbs(HistoryVerbs):
         status: str,
         enhanced_code: str | None,
         reply: str | None,
+        at: float,
     ) -> bool:
         """Mark a recipient ``bounced`` or ``complained`` if it is one a report may change
         (checked and written in one update); then a sent email with no recipient left delivered
@@ -56,11 +57,12 @@ class ReportVerbs(HistoryVerbs):
         changed = self.connection.execute(
             f"UPDATE recipients SET status = ?, enhanced_code = coalesce(?, enhanced_code), "
             f"reply = coalesce(?, reply) WHERE email_seq = ? AND position = ? "
-            f"AND status IN ({','.join('?' * len(allowed))}) RETURNING 1",
+            f"AND status IN ({','.join('?' * len(allowed))}) RETURNING account_id",
             (status, enhanced_code, reply, email_seq, position, *allowed),
         ).fetchone()
         if changed is None:
             return False
+        self.count_outcome(changed[0], at, status, email_seq)
         if status == statuses.BOUNCED:
             self.run(
                 "UPDATE emails SET status = CASE WHEN EXISTS (SELECT 1 FROM recipients "

@@ -36,6 +36,7 @@ TABLES: tuple[str, ...] = (
     "webhook_subscriptions",
     "webhook_deliveries",
     "webhook_attempts",
+    "daily_outcomes",
 )
 #: Tables not copied, and why.
 LEFT_BEHIND = {

@@ -236,6 +236,24 @@ class WebhookVerbs:
         ).fetchone()
         return row is not None
 
+    def resend_webhook_delivery(
+        self, account_id: str, webhook_id: str, event_id: str, now: float
+    ) -> bool:
+        """Make a delivery that succeeded or failed due again now, on an enabled endpoint of the
+        account's, in one update; the endpoint's hold after failures ends (a person asked to
+        try now). False, and nothing changed, when there is no such delivery or it is pending."""
+        row = self.connection.execute(
+            "UPDATE webhook_deliveries SET status = ?, due_at = ? WHERE account_id = ? "
+            "AND webhook_id = ? AND event_id = ? AND status IN (?, ?) AND EXISTS (SELECT 1 "
+            "FROM webhooks w WHERE w.id = webhook_deliveries.webhook_id AND w.status = ?) "
+            "RETURNING seq",
+            (PENDING, now, account_id, webhook_id, event_id, SUCCEEDED, FAILED, ENABLED),
+        ).fetchone()
+        if row is None:
+            return False
+        self.run("UPDATE webhooks SET retry_at = NULL WHERE id = ?", (webhook_id,))
+        return True
+
     def claim_webhook_deliveries(
         self, owner: str, now: float, lease_seconds: float, limit: int, per_endpoint: int
     ) -> list[tuple[WebhookDelivery, Webhook]]:
@@ -362,7 +380,20 @@ class WebhookVerbs:
             f"AND seq < ? ORDER BY seq DESC LIMIT ?",
             (account_id, webhook_id, page_bound(before_seq), limit),
         ).fetchall()
-        deliveries = [WebhookDelivery(*row) for row in rows]
+        return self._with_attempts([WebhookDelivery(*row) for row in rows])
+
+    def get_webhook_delivery(
+        self, account_id: str, webhook_id: str, event_id: str
+    ) -> WebhookDelivery | None:
+        rows = self.connection.execute(
+            f"SELECT {_DELIVERY} FROM webhook_deliveries WHERE account_id = ? AND webhook_id = ? "
+            f"AND event_id = ?",
+            (account_id, webhook_id, event_id),
+        ).fetchall()
+        found = self._with_attempts([WebhookDelivery(*row) for row in rows])
+        return found[0] if found else None
+
+    def _with_attempts(self, deliveries: list[WebhookDelivery]) -> list[WebhookDelivery]:
         if not deliveries:
             return []
         seqs = [delivery.seq for delivery in deliveries]

@@ -89,18 +89,27 @@ def _mark_sent(database: str, account_id: str) -> None:
         "WHERE account_id = {0} AND due_at IS NOT NULL",
         "UPDATE recipients SET status = 'sent', smtp_code = 250 "
         "WHERE account_id = {0} AND status = 'queued'",
+        # The account's daily counters, as each delivery adds to them.
+        "INSERT INTO daily_outcomes (account_id, day, outcome, shard, count) "
+        "SELECT account_id, {1}, 'sent', seq % 8, count(*) FROM emails "
+        "WHERE account_id = {0} AND status = 'sent' GROUP BY 1, 2, 3, 4 "
+        "ON CONFLICT (account_id, day, outcome, shard) "
+        "DO UPDATE SET count = daily_outcomes.count + excluded.count",
     ]
     if database.startswith(("postgresql://", "postgres://")):
         import psycopg
 
         with psycopg.connect(database) as connection:
             for statement in statements:
-                connection.execute(statement.format("%s"), (account_id,))
+                day = "floor(sent_at / 86400)::integer"
+                connection.execute(statement.format("%s", day), (account_id,))
         return
     connection = sqlite3.connect(database)
     with connection:
         for statement in statements:
-            connection.execute(statement.format("?"), (account_id,))
+            connection.execute(
+                statement.format("?", "CAST(sent_at / 86400 AS INTEGER)"), (account_id,)
+            )
     connection.close()
 
 
