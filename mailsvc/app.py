@@ -64,7 +64,7 @@ from .ops.retention import Purger
 from .ops.version import installed
 from .routes import URL_MAP
 from .settings import Settings, load_settings
-from .store import Store, StoreOutage, open_store
+from .store import Store, StoreOutage, open_configured_store
 from .webhooks.pool import WebhookPool
 
 
@@ -78,9 +78,7 @@ class MailService:
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.clock = clock
-        self.store: Store = open_store(
-            settings.database, settings.sqlite_synchronous, settings.postgres_pool_size
-        )
+        self.store: Store = open_configured_store(settings)
         self.schemas = Schemas()
         self.deps = build_dependencies(settings, clock, self.store)
         self.webhooks = WebhookPool(

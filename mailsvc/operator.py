@@ -34,6 +34,7 @@ from .store import (
     Domain,
     DomainTaken,
     Reads,
+    ServerLimits,
     Store,
     StoreOutage,
     StoreUnavailable,
@@ -42,6 +43,15 @@ from .store import (
 from .timestamps import iso_time
 
 log = logging.getLogger("mailsvc.operator")
+
+#: A whole store is copied in one transaction: its statements may run, and wait, for long.
+_COPYING = ServerLimits(
+    pool_size=2,
+    wait_seconds=10.0,
+    statement_timeout_seconds=86400.0,
+    lock_timeout_seconds=60.0,
+    idle_in_transaction_seconds=3600.0,
+)
 
 #: What `limits set` sets: requests a minute by route group, and template CPU ms a minute.
 LIMITS = (*ROUTE_GROUPS, TEMPLATE_CPU)
@@ -179,7 +189,7 @@ def migrate_data(store: Store, target_url: str, idempotency_ttl: float) -> dict[
         ) from None
     try:
         source = check_source(store)
-        target = PostgresStore(target_url, pool_size=2, setting="--to")
+        target = PostgresStore(target_url, _COPYING, setting="--to")
         try:
             copied = copy_store(source, target, time.time() - idempotency_ttl)
         finally:

@@ -209,6 +209,34 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "postgres_wait_seconds",
+        2.0,
+        "Longest a request waits for a PostgreSQL connection (a new one's connect timeout, or a "
+        "free one of the pool) before it is answered 503 with `Retry-After`.",
+        _positive_float,
+    ),
+    Setting(
+        "postgres_statement_timeout_seconds",
+        10.0,
+        "PostgreSQL `statement_timeout` on the service's connections: a statement that runs "
+        "longer is canceled and its request answered 503.",
+        _positive_float,
+    ),
+    Setting(
+        "postgres_lock_timeout_seconds",
+        2.0,
+        "PostgreSQL `lock_timeout`: a statement that waits longer for a row another "
+        "transaction holds is canceled and its request answered 503.",
+        _positive_float,
+    ),
+    Setting(
+        "postgres_idle_in_transaction_seconds",
+        30.0,
+        "PostgreSQL `idle_in_transaction_session_timeout`: a connection left in a transaction "
+        "this long (a process stopped mid-job) is closed by the server, its locks freed.",
+        _positive_float,
+    ),
+    Setting(
         "sqlite_synchronous",
         "FULL",
         "SQLite `synchronous` for writes that accept mail (FULL, EXTRA or NORMAL).",

@@ -229,12 +229,18 @@ def test_json_lines_carry_their_fields():
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"])
 
 
+def keep_loggers(monkeypatch) -> None:
+    """What :func:`logs.configure` changes, put back after the test."""
+    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
+    for logger in (logging.getLogger("mailsvc"), logging.getLogger()):
+        monkeypatch.setattr(logger, "handlers", logger.handlers)
+        monkeypatch.setattr(logger, "propagate", logger.propagate)
+        monkeypatch.setattr(logger, "level", logger.level)
+
+
 def test_configured_lines_are_written_without_looking_up_their_caller(monkeypatch, capsys):
     logger = logging.getLogger("mailsvc")
-    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)  # each put back after the test
-    monkeypatch.setattr(logger, "handlers", logger.handlers)
-    monkeypatch.setattr(logger, "propagate", logger.propagate)
-    monkeypatch.setattr(logger, "level", logger.level)
+    keep_loggers(monkeypatch)
     seen: list[logging.LogRecord] = []
     logs.configure("json")
     logger.handlers[0].addFilter(lambda record: seen.append(record) or True)  # the test's own
@@ -289,13 +295,23 @@ def test_one_line_per_attempt_and_a_relay_outage_is_logged_once_each_way(config,
     ]
 
 
+def test_a_librarys_warnings_are_written_in_the_services_format(monkeypatch, capsys):
+    keep_loggers(monkeypatch)
+    for log_format in ("json", "text"):
+        logs.configure(log_format)
+        logging.getLogger("psycopg").warning("error ignored terminating %s", "<Pipeline>")
+        logging.getLogger("psycopg.pool").info("not a warning: not written")
+        [line] = capsys.readouterr().err.splitlines()
+        if log_format == "json":
+            assert json.loads(line)["logger"] == "psycopg"
+            assert json.loads(line)["message"] == "error ignored terminating <Pipeline>"
+        else:
+            assert re.fullmatch(r"\S+Z WARNING psycopg: error ignored terminating <Pipeline>", line)
+
+
 def test_no_client_can_write_a_line_of_its_own_into_the_log(client, monkeypatch, capsys):
     """A path (and anything else a client sends) stays inside its own line, in both formats."""
-    logger = logging.getLogger("mailsvc")
-    monkeypatch.setattr(logging, "_srcfile", logging._srcfile)
-    monkeypatch.setattr(logger, "handlers", logger.handlers)
-    monkeypatch.setattr(logger, "propagate", logger.propagate)
-    monkeypatch.setattr(logger, "level", logger.level)
+    keep_loggers(monkeypatch)
     forged = "/x%0a2026-11-25T00:00:00.000Z INFO mailsvc.access: POST /v1/api-keys 201 0.1ms"
     for log_format in ("text", "json"):
         logs.configure(log_format)

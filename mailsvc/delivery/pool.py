@@ -241,7 +241,7 @@ class DeliveryPool(LeasedPool[Claimed]):
                     tx.add_webhook_events(email.account_id, email.seq, events, now)
             return kept
 
-        if not self.store.write(record):
+        if not self.record(record):
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
             return
         metrics.ATTEMPTS.labels(decision.status).inc()

@@ -71,7 +71,9 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(log_format: str) -> None:
-    """Send the ``mailsvc`` loggers' lines to standard error, in this format."""
+    """Send the ``mailsvc`` loggers' lines to standard error, in this format; and the warnings
+    of every library that logs (psycopg and its pool, aiosmtpd...) the same way, through the
+    root logger, so that no line on standard error is left in another format."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     logger = logging.getLogger("mailsvc")
@@ -81,3 +83,6 @@ def configure(log_format: str) -> None:
     logger.handlers = [handler]
     logger.setLevel(logging.INFO)
     logger.propagate = False
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)

@@ -9,7 +9,7 @@ import sys
 from typing import NoReturn
 
 from ..settings import Settings, SettingsError
-from ..store import Store, StoreOutage, StoreUnavailable, open_store
+from ..store import Store, StoreOutage, StoreUnavailable, open_configured_store
 
 
 def open_checked_store(settings: Settings) -> Store:
@@ -17,7 +17,7 @@ def open_checked_store(settings: Settings) -> Store:
 
     :raises StoreUnavailable: it cannot be opened; the message names the setting.
     """
-    store = open_store(settings.database, settings.sqlite_synchronous, settings.postgres_pool_size)
+    store = open_configured_store(settings)
     try:
         with store.conditions.unlogged():  # what is wrong is said once, below
             store.reads.get_account("acc_startup_check")

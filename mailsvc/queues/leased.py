@@ -7,7 +7,8 @@ its outcome (if the process still holds the lease). A wake from this process sta
 once (a condition); the claimer also looks every ``poll_seconds`` for work other processes made
 or left behind, and sooner when it knows that something falls due before then. A keeper thread
 renews the leases the process holds every third of a lease, so slow work is never taken over,
-and done twice, by another process. On a graceful stop, claiming stops, the work in hand is
+and done twice, by another process; an outcome that meets a store outage is written once the
+store is back, not dropped. On a graceful stop, claiming stops, the work in hand is
 finished (within the timeout), and what was claimed but not started is given back.
 """
 
@@ -29,6 +30,9 @@ from ..store import Store, StoreOutage, Writes
 log = logging.getLogger("mailsvc.delivery")
 
 Item = TypeVar("Item")
+Result = TypeVar("Result")
+#: The longest a worker waits between two tries to record an outcome while the store is out.
+RECORD_RETRY_MAX_SECONDS = 5.0
 
 
 class LeasedPool(Generic[Item]):
@@ -185,6 +189,20 @@ class LeasedPool(Generic[Item]):
         for helper in self._helpers:
             helper.join(left() if graceful else 0)
         self._threads, self._helpers = [], []
+
+    def record(self, job: Callable[[Writes], Result]) -> Result:
+        """Write a piece's outcome, waiting out a store outage rather than dropping it (an
+        outcome lost is work done again, mail sent twice, once the lease expires; the keeper
+        renews the lease when the store is back). Raises the outage only once the pool has
+        stopped."""
+        wait = 0.1
+        while True:
+            try:
+                return self.store.write(job)
+            except StoreOutage:
+                if self._stopped.wait(wait):
+                    raise
+                wait = min(wait * 2, RECORD_RETRY_MAX_SECONDS)
 
     # -- threads -----------------------------------------------------------------------------
 

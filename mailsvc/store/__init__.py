@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from ..settings import Settings
 from .accounts import TEMPLATE_CPU_GROUP
 from .contract import (
     CreditExhausted,
@@ -18,7 +19,7 @@ from .contract import (
     Writes,
 )
 from .history import OUTCOMES
-from .outages import StoreOutage
+from .outages import DEFAULT_LIMITS, ServerLimits, StoreOutage
 from .records import (
     Account,
     ApiKey,
@@ -48,7 +49,9 @@ from .sqlite import SqliteStore
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int = 10) -> Store:
+def open_store(
+    database: str, sqlite_synchronous: str = "FULL", server: ServerLimits = DEFAULT_LIMITS
+) -> Store:
     """The store ``database`` names: a ``postgresql://`` (or ``postgres://``) URL, or a path for
     SQLite. Opens nothing until it is used.
 
@@ -61,11 +64,25 @@ def open_store(database: str, sqlite_synchronous: str = "FULL", pool_size: int =
             raise StoreUnavailable(
                 "MAILSVC_DATABASE: PostgreSQL needs psycopg; pip install 'mailsvc[postgresql]'"
             ) from None
-        return PostgresStore(database, pool_size)
+        return PostgresStore(database, server)
     return SqliteStore(database, sqlite_synchronous)
 
 
+def open_configured_store(settings: Settings) -> Store:
+    """The store the settings name, with their limits."""
+    server = ServerLimits(
+        pool_size=settings.postgres_pool_size,
+        wait_seconds=settings.postgres_wait_seconds,
+        statement_timeout_seconds=settings.postgres_statement_timeout_seconds,
+        lock_timeout_seconds=settings.postgres_lock_timeout_seconds,
+        idle_in_transaction_seconds=settings.postgres_idle_in_transaction_seconds,
+    )
+    return open_store(settings.database, settings.sqlite_synchronous, server)
+
+
 __all__ = [
+    "ServerLimits",
+    "open_configured_store",
     "OUTCOMES",
     "DashboardSession",
     "Account",

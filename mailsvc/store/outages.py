@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..errors import ServiceUnavailable
 
@@ -26,6 +27,22 @@ BUSY = "it is busy"
 WRITE_FAILURES = (FULL, NOT_WRITABLE, UNREACHABLE, BUSY)
 #: Seconds a client is asked to wait, by condition.
 _RETRY_AFTER = {FULL: 30.0, LOW_ON_ROOM: 30.0, NOT_WRITABLE: 10.0, UNREACHABLE: 2.0, BUSY: 1.0}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """How long the service waits on a database server (PostgreSQL), so that an outage is a
+    quick 503 and never a hang (the settings ``postgres_*``)."""
+
+    pool_size: int = 10
+    #: For a connection: a new one's connect timeout, or a free one of the pool.
+    wait_seconds: float = 2.0
+    statement_timeout_seconds: float = 10.0
+    lock_timeout_seconds: float = 2.0
+    idle_in_transaction_seconds: float = 30.0
+
+
+DEFAULT_LIMITS = ServerLimits()
 
 
 class StoreOutage(ServiceUnavailable):

@@ -154,7 +154,7 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
                 hold = schedule[min(failures, len(schedule)) - 1] * self._rng.uniform(0.8, 1.0)
                 tx.hold_endpoint(webhook.id, now + hold)
 
-        self.store.write(record)
+        self.record(record)
         metrics.WEBHOOKS.labels({PENDING: "retried"}.get(step.status, step.status)).inc()
         if answer.error is not None or answer.status is None or answer.status >= 300:
             log.info(

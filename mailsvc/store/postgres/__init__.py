@@ -30,8 +30,16 @@ from psycopg import errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..contract import Reads, StoreUnavailable, Writes, each_read
-from ..outages import BUSY, FULL, UNREACHABLE, WRITE_FAILURES, Conditions
+from ..contract import Reads, StoreUnavailable, Writes
+from ..outages import (
+    BUSY,
+    DEFAULT_LIMITS,
+    FULL,
+    UNREACHABLE,
+    WRITE_FAILURES,
+    Conditions,
+    ServerLimits,
+)
 from ..sql import Contended, Dialect, migration_scripts
 from ..verbs import SqlVerbs
 
@@ -42,7 +50,14 @@ CHANNEL = "mailsvc_mail"
 ANNOUNCE_EVERY_SECONDS = 0.05
 #: Times a job is run again after a deadlock or a serialization failure.
 _RETRIES = 5
-_CONNECT_SECONDS = 10.0
+#: While the server is unreachable, one thread of a process tries to connect at most this often;
+#: the others are answered at once (a 503), not after a wait.
+PROBE_EVERY_SECONDS = 0.5
+
+
+class _InDoubt(Exception):
+    """The connection broke while COMMIT was on its way: the transaction may have committed.
+    Never done again (the client is told 503; a retry with its ``Idempotency-Key`` is safe)."""
 
 
 def _unique_violation(exc: BaseException) -> str | None:
@@ -143,12 +158,18 @@ class PostgresStore:
     backend = "postgresql"
     announces_mail = True
 
-    def __init__(self, url: str, pool_size: int = 10, setting: str = "MAILSVC_DATABASE") -> None:
+    def __init__(
+        self, url: str, server: ServerLimits = DEFAULT_LIMITS, setting: str = "MAILSVC_DATABASE"
+    ) -> None:
         check_url(url, setting)
         self.url = url
-        self.pool_size = pool_size
+        self.server = server
         self.setting = setting
-        self.reads: Reads = each_read(self._autocommit)
+        self.reads: Reads = _EachRead(self)  # type: ignore[assignment]
+        #: When the server was last found unreachable in this process; None while it answers.
+        self._down_since: float | None = None
+        self._probe_lock = threading.Lock()
+        self._probed_at = 0.0
         self.conditions = Conditions()
         #: Called with how long each job of a committed transaction waited (the metrics).
         self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
@@ -161,8 +182,8 @@ class PostgresStore:
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
-        with self._outages(), self._connections().connection() as connection:
-            connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        with self._outages(), self._lent(lambda c: c.execute(snapshot)) as connection:
             try:
                 yield SqlVerbs(_Connection(connection), DIALECT)
             finally:
@@ -185,8 +206,92 @@ class PostgresStore:
             errors.LockNotAvailable,
         ) as exc:
             raise self.conditions.began(BUSY, _first_line(exc)) from None
-        except (psycopg.OperationalError, PoolTimeout, StoreUnavailable) as exc:
+        except PoolTimeout as exc:  # every connection busy, or none can be made
+            raise self.conditions.began(
+                UNREACHABLE if self._down_since is not None else BUSY, _first_line(exc)
+            ) from None
+        except (psycopg.OperationalError, StoreUnavailable, _InDoubt) as exc:
+            if self._down_since is None:
+                self._down_since = time.monotonic()
             raise self.conditions.began(UNREACHABLE, _first_line(exc)) from None
+
+    def _run(self, work: Callable[[psycopg.Connection[Any]], Result]) -> Result:
+        """``work`` on a connection of the pool, put back after it."""
+        pool, connection, result = self._lend(work)
+        pool.putconn(connection)
+        return result
+
+    @contextmanager
+    def _lent(
+        self, start: Callable[[psycopg.Connection[Any]], object]
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool for the block, ``start`` done on it first."""
+        pool, connection, _ = self._lend(start)
+        try:
+            yield connection
+        finally:
+            pool.putconn(connection)
+
+    def _lend(
+        self, work: Callable[[psycopg.Connection[Any]], Result]
+    ) -> tuple[ConnectionPool[Any], psycopg.Connection[Any], Result]:
+        """A connection of the pool (and the pool, to put it back in), with ``work`` done on
+        it; done again on another if the server had closed the first (it restarted, or an
+        operator ended the backend): the work then did nothing (a commit in doubt is
+        :class:`_InDoubt`, never done again)."""
+        for attempt in range(2):
+            pool = self._borrowable()
+            try:
+                connection = pool.getconn(timeout=self.server.wait_seconds)
+            except PoolTimeout:
+                self._check_reachable()
+                raise
+            try:
+                result = work(connection)
+            except psycopg.OperationalError:
+                pool.putconn(connection)  # a broken one is dropped, and replaced
+                if attempt == 1 or not connection.broken:
+                    raise
+                pool.check()  # the other idle connections the server closed go too
+                continue
+            except BaseException:
+                pool.putconn(connection)
+                raise
+            self._down_since = None
+            return pool, connection, result
+        raise AssertionError("unreachable")
+
+    def _check_reachable(self) -> None:
+        """After no connection came in time: tell an outage (the server cannot be reached,
+        raised) from a busy pool (returns)."""
+        psycopg.connect(self.url, connect_timeout=self._connect_timeout()).close()
+
+    def _borrowable(self) -> ConnectionPool[Any]:
+        """The pool, once the server is known to answer. While it was last found unreachable,
+        one thread at a time tries to connect (at most every :data:`PROBE_EVERY_SECONDS`): if
+        it can, a new pool replaces the old (none of whose connections, nor its backoff, is
+        kept); the others are refused at once."""
+        if self._down_since is None:
+            return self._connections()
+        if not self._probe_lock.acquire(blocking=False):
+            raise StoreUnavailable("the server was unreachable; another thread is trying it")
+        try:
+            if time.monotonic() - self._probed_at < PROBE_EVERY_SECONDS:
+                raise StoreUnavailable("the server was unreachable; trying it again shortly")
+            self._probed_at = time.monotonic()
+            psycopg.connect(self.url, connect_timeout=self._connect_timeout()).close()
+            with self._lock:
+                stale, self._pool = self._pool, None
+            if stale is not None and self._pid == os.getpid():
+                stale.close(timeout=0)
+            pool = self._connections()
+            self._down_since = None
+            return pool
+        finally:
+            self._probe_lock.release()
+
+    def _connect_timeout(self) -> int:
+        return max(2, round(self.server.wait_seconds))  # libpq's least (whole seconds)
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
         with self._outages():
@@ -197,24 +302,33 @@ class PostgresStore:
     def _write(self, job: Callable[[Writes], Result], durable: bool) -> Result:
         # A write that need not wait for the disk says so along with BEGIN.
         begin = ("BEGIN",) if durable else ("BEGIN", "SET LOCAL synchronous_commit = off")
+        waiting = time.perf_counter()
+
+        def run(connection: psycopg.Connection[Any]) -> Result:
+            self.on_commit([time.perf_counter() - waiting])
+            try:
+                opened = _Connection(connection, begin)
+                verbs = SqlVerbs(opened, DIALECT)
+                result = job(verbs)
+            except BaseException:
+                _roll_back(connection)
+                raise
+            try:
+                _commit(opened, verbs.held_back)
+            except psycopg.OperationalError as exc:
+                if not connection.broken:
+                    raise
+                raise _InDoubt(_first_line(exc)) from exc
+            return result
+
         for attempt in range(_RETRIES + 1):
-            waiting = time.perf_counter()
-            with self._connections().connection() as connection:
-                self.on_commit([time.perf_counter() - waiting])
-                try:
-                    opened = _Connection(connection, begin)
-                    verbs = SqlVerbs(opened, DIALECT)
-                    result = job(verbs)
-                    _commit(opened, verbs.held_back)
-                    return result
-                except (errors.DeadlockDetected, errors.SerializationFailure):
-                    _roll_back(connection)
-                    if attempt == _RETRIES:
-                        raise
-                except BaseException:
-                    _roll_back(connection)
+            try:
+                return self._run(run)
+            except (errors.DeadlockDetected, errors.SerializationFailure):
+                if attempt == _RETRIES:
                     raise
             time.sleep(random.uniform(0, 0.01 * 2**attempt))
+            waiting = time.perf_counter()
         raise AssertionError("unreachable")
 
     def announce_mail(self) -> None:
@@ -249,7 +363,9 @@ class PostgresStore:
         process, used by its one listener thread)."""
         try:
             if self._listener is None or self._listener.closed:
-                self._listener = psycopg.connect(self.url, autocommit=True)
+                self._listener = psycopg.connect(
+                    self.url, autocommit=True, connect_timeout=self._connect_timeout()
+                )
                 self._listener.execute(f"LISTEN {CHANNEL}")
             for _ in self._listener.notifies(timeout=timeout, stop_after=1):
                 return True
@@ -270,10 +386,14 @@ class PostgresStore:
             if listener is not None:
                 listener.close()
 
-    @contextmanager
-    def _autocommit(self) -> Iterator[Reads]:
-        with self._outages(), self._connections().connection() as connection:
-            yield SqlVerbs(_Connection(connection), DIALECT)
+    def read_once(self, name: str, args: Any, kwargs: Any) -> Any:
+        """One read verb, on a connection outside any transaction (:attr:`reads`)."""
+
+        def run(connection: psycopg.Connection[Any]) -> Any:
+            return getattr(SqlVerbs(_Connection(connection), DIALECT), name)(*args, **kwargs)
+
+        with self._outages():
+            return self._run(run)
 
     def _connections(self) -> ConnectionPool[Any]:
         pool = self._pool
@@ -287,25 +407,52 @@ class PostgresStore:
 
     def _open(self) -> ConnectionPool[Any]:
         """A new pool for this process, with the schema migrated."""
+        connect_timeout = self._connect_timeout()
         try:
-            with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as connection:
+            with psycopg.connect(
+                self.url, autocommit=True, connect_timeout=connect_timeout
+            ) as connection:
                 migrate(connection)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"{self.setting}: cannot connect ({_first_line(exc)})") from None
+        server = self.server
+        limits = (
+            f"SET statement_timeout = {round(server.statement_timeout_seconds * 1000)}; "
+            f"SET lock_timeout = {round(server.lock_timeout_seconds * 1000)}; "
+            f"SET idle_in_transaction_session_timeout = "
+            f"{round(server.idle_in_transaction_seconds * 1000)}"
+        )
         pool: ConnectionPool[Any] = ConnectionPool(
             self.url,
             min_size=1,
-            max_size=self.pool_size,
-            kwargs={"autocommit": True},
+            max_size=server.pool_size,
+            kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+            # Once a connection, in the message that makes it: no wait is unbounded.
+            configure=lambda connection: connection.execute(limits),
             open=False,
             name="mailsvc",
+            timeout=server.wait_seconds,
         )
         try:
-            pool.open(wait=True, timeout=_CONNECT_SECONDS)
+            pool.open(wait=True, timeout=server.wait_seconds + connect_timeout)
         except PoolTimeout as exc:
             pool.close()
             raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
         return pool
+
+
+class _EachRead:
+    """:attr:`PostgresStore.reads`: each verb on a connection of its own, done again on another
+    if the server had closed the first."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._store.read_once(name, args, kwargs)
+
+        return call
 
 
 def _commit(opened: _Connection, held_back: Sequence[Contended]) -> None:
