@@ -438,6 +438,20 @@ def test_a_finished_webhook_delivery_is_sent_again_once_by_every_store_at_once(s
     assert stores[2].reads.get_webhook_delivery("acc_x", "wh_0", "msg_1") is None
 
 
+def test_leases_that_ran_out_during_an_outage_are_left_to_their_holders(stores):
+    store, owner = stores[0], account(stores[0])
+    sender_domain(store, owner)
+    emails = [new_email(f"em_{n}", owner, "a@verified.test", created_at=100.0) for n in range(3)]
+    store.write(lambda tx: tx.enqueue_emails(emails))
+    held = store.write(lambda tx: tx.claim_due("holder", 100.0, 10.0, 2))  # leases end at 110
+    assert len(held) == 2
+    # Claimed at 200 (all leases ran out): leases that ran out from 105 on are left alone...
+    after = stores[1].write(lambda tx: tx.claim_due("other", 200.0, 10.0, 10, 105.0))
+    assert [e.id for e in after] == ["em_2"]
+    # ... those that ran out before are taken, as every one is without a cutoff.
+    assert stores[2].write(lambda tx: tx.claim_due("other", 200.0, 10.0, 10, 111.0)) != []
+
+
 def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
     store = stores[0]
     owner = account(store)

@@ -136,7 +136,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         ended, more = self._outages_ended, False
         if ended > self._outages_done:
             more = tx.due_again_after_outage(now, DUE_AGAIN_AT_ONCE) == DUE_AGAIN_AT_ONCE
-        emails = tx.claim_due(self.owner, now, self.lease_seconds, wanted)
+        emails = tx.claim_due(self.owner, now, self.lease_seconds, wanted, self.leases_cutoff())
         next_due = tx.next_due_at() if len(emails) < wanted else None
         keys: dict[tuple[str, str], SigningKey | None] = {}
         with_files = [email.seq for email in emails if email.attachments]

@@ -72,6 +72,12 @@ class LeasedPool(Generic[Item]):
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
         self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        #: When this pool's last claim found the store working (its clock); while its claims
+        #: meet an outage, that time; once it is over, leases that ran out since then are left
+        #: alone until a monotonic time.
+        self._store_seen_at = 0.0
+        self._outage_began: float | None = None
+        self._outage_leases: tuple[float, float] | None = None
         #: Claims this pool has made (each a look at the store, whatever it found): what a
         #: caller waits on to know the pool has looked since some moment.
         self.claims = 0
@@ -190,6 +196,18 @@ class LeasedPool(Generic[Item]):
             helper.join(left() if graceful else 0)
         self._threads, self._helpers = [], []
 
+    def leases_cutoff(self) -> float | None:
+        """For a claim: leases that ran out at this time or later are not taken, for a lease
+        after a store outage this process saw (those that ran out while the store was out,
+        since their holders could not renew them; they renew them, or record the outcome,
+        once it is back). None: every lease that ran out may be taken."""
+        if self._outage_began is not None:  # the first claim since the outage began
+            return self._outage_began
+        window = self._outage_leases
+        if window is None or time.monotonic() > window[1]:
+            return None
+        return window[0]
+
     def record(self, job: Callable[[Writes], Result]) -> Result:
         """Write a piece's outcome, waiting out a store outage rather than dropping it (an
         outcome lost is work done again, mail sent twice, once the lease expires; the keeper
@@ -223,10 +241,18 @@ class LeasedPool(Generic[Item]):
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
             except StoreOutage:  # logged by the store, once
+                if self._outage_began is None:
+                    self._outage_began = self._store_seen_at
                 batch = []
             except Exception:
                 log.exception("%s: claiming failed; trying again at the next poll", self.name)
                 batch = []
+            else:
+                if self._outage_began is not None:
+                    ends = time.monotonic() + self.lease_seconds
+                    self._outage_leases = (self._outage_began, ends)
+                    self._outage_began = None
+                self._store_seen_at = self.clock()
             self.claims += 1
             if len(batch) < wanted:
                 self.unclaimed(wanted - len(batch))

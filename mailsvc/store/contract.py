@@ -403,11 +403,18 @@ class Writes(Reads, Protocol):
         ...
 
     def claim_due(
-        self, owner: str, now: float, lease_seconds: float, limit: int = 1
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int = 1,
+        leases_ended_before: float | None = None,
     ) -> list[EmailRecord]:
         """Lease up to ``limit`` emails due by ``now`` to ``owner`` and mark them ``sending``.
         Two claimers running at once never get the same email: a claimed email is not due again
-        until its lease (``lease_seconds``) runs out."""
+        until its lease (``lease_seconds``) runs out. With ``leases_ended_before``, an email
+        whose lease ran out at that time or later is left to its holder (a lease that ran out
+        while the store was out: its holder renews it, or records its outcome, once it can)."""
         ...
 
     def finish_attempt(

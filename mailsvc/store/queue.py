@@ -240,15 +240,28 @@ class QueueVerbs(HistoryVerbs):
         return self.with_recipients([row])[0] if row else None
 
     def claim_due(
-        self, owner: str, now: float, lease_seconds: float, limit: int = 1
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int = 1,
+        leases_ended_before: float | None = None,
     ) -> list[EmailRecord]:
         # One statement picks and leases; on PostgreSQL its SELECT locks what it picks and passes
         # over rows another claimer holds, so two claimers never take the same email.
+        leases = "" if leases_ended_before is None else " AND (lease_owner IS NULL OR due_at < ?)"
         rows = self.connection.execute(
             f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
-            f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ? ORDER BY due_at LIMIT ?"
-            f"{self.dialect.skip_locked}) RETURNING {EMAIL_COLUMNS}",
-            (statuses.SENDING, owner, now + lease_seconds, now, limit),
+            f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ?{leases} ORDER BY due_at "
+            f"LIMIT ?{self.dialect.skip_locked}) RETURNING {EMAIL_COLUMNS}",
+            (
+                statuses.SENDING,
+                owner,
+                now + lease_seconds,
+                now,
+                *([] if leases_ended_before is None else [leases_ended_before]),
+                limit,
+            ),
         ).fetchall()
         return self.with_recipients(rows)
 

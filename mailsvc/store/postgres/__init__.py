@@ -15,6 +15,7 @@ the others wait, then find nothing left to do.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import socket
@@ -45,6 +46,10 @@ from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
 
+# The pool's own line for each failed connection attempt would repeat, many times a second,
+# what the store says once as an outage begins and once as it ends (see ..outages).
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+
 CHANNEL = "mailsvc_mail"
 #: The least time between two announcements of new mail from one process.
 ANNOUNCE_EVERY_SECONDS = 0.05
@@ -53,6 +58,9 @@ _RETRIES = 5
 #: While the server is unreachable, one thread of a process tries to connect at most this often;
 #: the others are answered at once (a 503), not after a wait.
 PROBE_EVERY_SECONDS = 0.5
+#: Connections a piece of work is tried on, while the server closed each before the work
+#: was done (the pool's idle ones are checked after the first).
+_ATTEMPTS = 3
 
 
 class _InDoubt(Exception):
@@ -177,6 +185,7 @@ class PostgresStore:
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
         self._listener: psycopg.Connection[Any] | None = None
+        self._listener_pid: int | None = None
         self._announcer: threading.Thread | None = None
         self._announce = threading.Event()
 
@@ -239,7 +248,7 @@ class PostgresStore:
         it; done again on another if the server had closed the first (it restarted, or an
         operator ended the backend): the work then did nothing (a commit in doubt is
         :class:`_InDoubt`, never done again)."""
-        for attempt in range(2):
+        for attempt in range(_ATTEMPTS):
             pool = self._borrowable()
             try:
                 connection = pool.getconn(timeout=self.server.wait_seconds)
@@ -250,7 +259,7 @@ class PostgresStore:
                 result = work(connection)
             except psycopg.OperationalError:
                 pool.putconn(connection)  # a broken one is dropped, and replaced
-                if attempt == 1 or not connection.broken:
+                if attempt == _ATTEMPTS - 1 or not connection.broken:
                     raise
                 pool.check()  # the other idle connections the server closed go too
                 continue
@@ -270,12 +279,15 @@ class PostgresStore:
         """The pool, once the server is known to answer. While it was last found unreachable,
         one thread at a time tries to connect (at most every :data:`PROBE_EVERY_SECONDS`): if
         it can, a new pool replaces the old (none of whose connections, nor its backoff, is
-        kept); the others are refused at once."""
+        kept); the others wait for what it finds, and are refused at once while the server
+        was found unreachable less than :data:`PROBE_EVERY_SECONDS` ago."""
         if self._down_since is None:
             return self._connections()
-        if not self._probe_lock.acquire(blocking=False):
+        if not self._probe_lock.acquire(timeout=self.server.wait_seconds):
             raise StoreUnavailable("the server was unreachable; another thread is trying it")
         try:
+            if self._down_since is None:  # another thread found it back meanwhile
+                return self._connections()
             if time.monotonic() - self._probed_at < PROBE_EVERY_SECONDS:
                 raise StoreUnavailable("the server was unreachable; trying it again shortly")
             self._probed_at = time.monotonic()
@@ -283,7 +295,8 @@ class PostgresStore:
             with self._lock:
                 stale, self._pool = self._pool, None
             if stale is not None and self._pid == os.getpid():
-                stale.close(timeout=0)
+                # (its connections in use are closed as they come back; its threads end)
+                threading.Thread(target=stale.close, name="mailsvc-old-pool", daemon=True).start()
             pool = self._connections()
             self._down_since = None
             return pool
@@ -349,10 +362,10 @@ class PostgresStore:
             self._announce.clear()
             if self._pool is None:  # shut down: the next announcement starts a new loop
                 return
-            try:
-                with self._connections().connection() as connection:
-                    connection.execute(f"NOTIFY {CHANNEL}")
-            except Exception:  # the others poll meanwhile
+            try:  # (on another connection if the server had closed the first)
+                self._run(lambda connection: connection.execute(f"NOTIFY {CHANNEL}"))
+            except Exception:  # the others poll meanwhile; announced again when it can be
+                self._announce.set()
                 time.sleep(1.0)
             # What is queued meanwhile goes with the next announcement: a few a second at
             # most, however busy the process (its own delivery is woken directly).
@@ -360,19 +373,27 @@ class PostgresStore:
 
     def wait_for_mail(self, timeout: float) -> bool:
         """Wait for a ``NOTIFY`` of new mail from any host (one listening connection per
-        process, used by its one listener thread)."""
+        process, used by its one listener thread). A listener made anew (at the first call,
+        or after the server closed the last one) answers True at once: what was announced
+        while nobody listened is looked for now, not at the next poll."""
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(
                     self.url, autocommit=True, connect_timeout=self._connect_timeout()
                 )
+                self._listener_pid = os.getpid()
                 self._listener.execute(f"LISTEN {CHANNEL}")
+                return True
             for _ in self._listener.notifies(timeout=timeout, stop_after=1):
                 return True
             return False
         except psycopg.Error:
-            self._listener = None  # the server went away: poll meanwhile, listen again later
-            time.sleep(timeout)
+            # The server went away (a restart, a terminated backend): listen again at once if
+            # it is back, else after a short wait (delivery polls meanwhile).
+            if self._listener is not None and not self._listener.closed:
+                self._listener.close()
+            self._listener = None
+            time.sleep(min(timeout, 0.5))
             return False
 
     def shutdown(self) -> None:
@@ -380,11 +401,10 @@ class PostgresStore:
             pool, listener, pid = self._pool, self._listener, self._pid
             self._pool, self._listener, self._pid = None, None, None
         self._announce.set()  # the announcer, if any, sees the store shut and ends
-        if pid == os.getpid():
-            if pool is not None:
-                pool.close()
-            if listener is not None:
-                listener.close()
+        if pid == os.getpid() and pool is not None:
+            pool.close()
+        if listener is not None and self._listener_pid == os.getpid():
+            listener.close()
 
     def read_once(self, name: str, args: Any, kwargs: Any) -> Any:
         """One read verb, on a connection outside any transaction (:attr:`reads`)."""

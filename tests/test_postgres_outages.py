@@ -1,0 +1,294 @@
+"""PostgreSQL's outages, made on purpose on a cluster of the test's own (``pg_ctl``), under real
+gunicorn hosts (one, and two on one database): a restart under load, connections terminated,
+a lock held too long, a statement that runs too long, and delivery in flight when the server
+goes away. While the server is out, whatever needs it is a quick 503 with ``Retry-After``;
+once it is back, the service recovers by itself; nothing that got a 200 is lost, nothing is
+sent twice, no credit is spent twice."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+
+from mailsvc import operator
+from mailsvc.store import ServerLimits, StoreOutage, open_store
+from mailsvc.store.postgres import PostgresStore
+
+from .conftest import VERIFIED, email_body, wait_until
+from .pg_cluster import Cluster, binaries
+from .servers import Gunicorn
+
+# (In CI, the server programs must be there: a test without them fails, it is not skipped.)
+pytestmark = pytest.mark.skipif(
+    binaries() is None and not os.environ.get("CI"), reason="no PostgreSQL server programs"
+)
+
+#: Requests that need the store may take this long at most while it is out (the wait for a
+#: connection, 2 s by default, and what the request does besides).
+LONGEST_SECONDS = 3.5
+LOAD_THREADS = 4
+
+
+@dataclass
+class Answer:
+    started: float
+    ended: float
+    status: int
+    retry_after: str | None
+    body: Any
+
+
+def send(port: int, headers: dict[str, str]) -> Answer:
+    started = time.monotonic()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("POST", "/v1/emails", body=json.dumps(email_body()),
+                           headers={"Content-Type": "application/json", **headers})  # fmt: skip
+        response = connection.getresponse()
+        data = response.read()
+        body = json.loads(data) if data else None
+        return Answer(started, time.monotonic(), response.status,
+                      response.getheader("Retry-After"), body)  # fmt: skip
+    finally:
+        connection.close()
+
+
+class Load:
+    """Sends, from a few threads at once, one host after the other, until stopped."""
+
+    def __init__(self, hosts: list[Gunicorn], headers: dict[str, str]) -> None:
+        self.hosts, self.headers = hosts, headers
+        self.answers: list[Answer] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(n,)) for n in range(LOAD_THREADS)]
+
+    def _run(self, number: int) -> None:
+        turn = number
+        while not self._stop.is_set():
+            answer = send(self.hosts[turn % len(self.hosts)].port, self.headers)
+            self.answers.append(answer)
+            turn += 1
+            if answer.status != 200:
+                time.sleep(0.05)
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+@dataclass
+class World:
+    cluster: Cluster
+    url: str
+    store: PostgresStore
+    account_id: str
+    headers: dict[str, str]
+    hosts: list[Gunicorn]
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    made = Cluster().start()
+    yield made
+    made.destroy()
+
+
+def start_world(cluster: Cluster, sink: Any, hosts: int, **settings: str) -> World:
+    url = cluster.create_database("mailsvc")
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    account = operator.create_account(store, "Load", 100_000)
+    key = operator.create_key(store, account["id"])
+    operator.add_domain(store, account["id"], VERIFIED, verified=True)
+    operator.set_limit(store, account["id"], "send", 100_000)
+    environment = {
+        "MAILSVC_DATABASE": url,
+        "MAILSVC_SMTP_URL": sink.url,
+        "MAILSVC_POLL_SECONDS": "0.5",
+        **{f"MAILSVC_{name.upper()}": value for name, value in settings.items()},
+    }
+    started = [Gunicorn(environment, workers=2).start() for _ in range(hosts)]
+    return World(cluster, url, store, account["id"], {"Authorization": f"Bearer {key['key']}"},
+                 started)  # fmt: skip
+
+
+@pytest.fixture
+def world(request, cluster, sink) -> Iterator[World]:
+    made = start_world(cluster, sink, request.param)
+    yield made
+    for host in made.hosts:
+        assert "Traceback" not in host.stop(), host.log()
+    made.store.shutdown()
+
+
+def stored(world: World) -> dict[str, str]:
+    """Every email in the store: its id and status (read with a connection of the test's)."""
+    with psycopg.connect(world.url) as connection:
+        return dict(connection.execute("SELECT id, status FROM emails").fetchall())
+
+
+def assert_nothing_lost_or_sent_twice(world: World, answers: list[Answer], sink: Any) -> None:
+    accepted = {a.body["id"] for a in answers if a.status == 200}
+    wait_until(lambda: set(stored(world).values()) <= {"sent"} and len(stored(world)) >= len(
+        accepted), timeout=60, what="every email sent")  # fmt: skip
+    emails = stored(world)
+    assert accepted <= set(emails), "an email that got a 200 is not in the store"
+    # A request whose COMMIT was on its way when the server went got a 503 though its email was
+    # stored: at most one a load thread a break.
+    assert len(set(emails) - accepted) <= 2 * LOAD_THREADS
+    received = Counter(message.message_id for message in sink.messages)
+    assert set(received) == {f"<{email_id}@{VERIFIED}>" for email_id in emails}
+    assert [m for m, count in received.items() if count > 1] == [], "an email sent twice"
+    spent = 100_000 - world.store.reads.get_account(world.account_id).credits
+    assert spent == len(emails), "credit spent twice, or for nothing"
+
+
+def assert_refusals_are_quick_503s(answers: list[Answer]) -> None:
+    for answer in answers:
+        assert answer.status in (200, 503), answer
+        assert answer.ended - answer.started <= LONGEST_SECONDS, answer
+        if answer.status == 503:
+            assert set(answer.body) == {"statusCode", "message", "error"}
+            assert answer.body["statusCode"] == 503 and "store" in answer.body["message"]
+            assert answer.retry_after is not None and int(answer.retry_after) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2], indirect=True, ids=["one host", "two hosts"])
+def test_a_restart_under_load_is_a_quick_503_then_recovers_by_itself(world, sink):
+    with Load(world.hosts, world.headers) as load:
+        time.sleep(2)
+        world.cluster.stop("fast")
+        down = time.monotonic()
+        time.sleep(1)
+        for host in world.hosts:
+            assert host.request("GET", "/healthz")[0] == 200
+            status, body = host.request("GET", "/readyz")
+            assert status == 503 and "store" in body["message"], body
+        time.sleep(down + 10 - time.monotonic())
+        world.cluster.start()
+        up = time.monotonic()
+        wait_until(lambda: all(h.request("GET", "/readyz")[0] == 200 for h in world.hosts),
+                   timeout=10, what="ready again")  # fmt: skip
+        time.sleep(3)
+    answers = load.answers
+    assert_refusals_are_quick_503s(answers)
+    while_down = [a for a in answers if a.started > down + 0.5 and a.ended < up]
+    assert len(while_down) > 20 and {a.status for a in while_down} == {503}
+    back = min(a.started for a in answers if a.status == 200 and a.started > up)
+    assert back - up < 5, "no recovery within seconds of the server's return"
+    assert {a.status for a in answers if a.started > up + 3} == {200}
+    assert_nothing_lost_or_sent_twice(world, answers, sink)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2], indirect=True, ids=["one host", "two hosts"])
+def test_connections_terminated_under_load_are_replaced(world, sink):
+    with Load(world.hosts, world.headers) as load:
+        for _ in range(3):
+            time.sleep(1)
+            assert world.cluster.terminate("mailsvc") > 0
+        time.sleep(2)
+    answers = load.answers
+    assert_refusals_are_quick_503s(answers)
+    # Only a request whose COMMIT was on its way when its connection went is told 503.
+    assert sum(a.status == 503 for a in answers) <= 3 * LOAD_THREADS
+    assert sum(a.status == 200 for a in answers) > 50
+    assert_nothing_lost_or_sent_twice(world, answers, sink)
+
+
+def test_the_listener_comes_back_and_new_mail_still_wakes_delivery_at_once(cluster):
+    url = cluster.create_database("listen")
+    listener, announcer = PostgresStore(url), PostgresStore(url)
+    announcer.reads.get_account("acc_none")  # in use, as a process that queues mail is
+    try:
+        assert listener.wait_for_mail(1.0)  # made: look now
+        announcer.announce_mail()
+        assert listener.wait_for_mail(5.0)
+        assert cluster.terminate("listen") > 0  # the listener's connection, and the others
+        deadline = time.monotonic() + 5
+        while not listener.wait_for_mail(1.0):  # told once it listens again: look now
+            assert time.monotonic() < deadline, "the listener did not come back"
+        started = time.monotonic()
+        announcer.announce_mail()
+        assert listener.wait_for_mail(5.0) and time.monotonic() - started < 2.0
+    finally:
+        listener.shutdown()
+        announcer.shutdown()
+
+
+@pytest.mark.slow
+def test_a_lock_held_too_long_is_a_503_not_a_hang(cluster, sink):
+    world = start_world(cluster, sink, 1, postgres_lock_timeout_seconds="0.5")
+    try:
+        holder = psycopg.connect(world.url)
+        holder.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (world.account_id,))
+        answer = send(world.hosts[0].port, world.headers)  # its debit waits on that row
+        assert answer.status == 503 and answer.retry_after is not None, answer
+        assert answer.ended - answer.started < 2.0 and "busy" in answer.body["message"]
+        holder.rollback()
+        holder.close()
+        assert send(world.hosts[0].port, world.headers).status == 200
+        assert 100_000 - world.store.reads.get_account(world.account_id).credits == 1
+        assert "Traceback" not in world.hosts[0].log()
+    finally:
+        for host in world.hosts:
+            host.stop()
+        world.store.shutdown()
+
+
+def test_the_service_sets_its_timeouts_on_its_connections(cluster):
+    limits = ServerLimits(statement_timeout_seconds=0.3, lock_timeout_seconds=0.2,
+                          idle_in_transaction_seconds=7.0)  # fmt: skip
+    store = PostgresStore(cluster.create_database("timeouts"), limits)
+    try:
+        shown = store.write(lambda tx: [
+            tx.connection.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+        ])  # fmt: skip
+        assert shown == ["300ms", "200ms", "7s"]
+        started = time.monotonic()
+        with pytest.raises(StoreOutage) as refused:
+            store.write(lambda tx: tx.connection.execute("SELECT pg_sleep(5)").fetchone())
+        assert refused.value.condition == "it is busy" and time.monotonic() - started < 2
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hosts", [1, 2], ids=["one host", "two hosts"])
+def test_mail_sent_while_the_server_is_out_is_recorded_once_it_is_back(cluster, sink, hosts):
+    # The relay holds its reply to each message 3 s: the server goes in that time, and comes
+    # back after the leases would have expired without their renewal (a lease of 4 s).
+    sink.behaviour.data_reply = lambda data: time.sleep(3)
+    world = start_world(cluster, sink, hosts, lease_seconds="4")
+    try:
+        accepted = [send(world.hosts[n % hosts].port, world.headers) for n in range(6)]
+        assert [a.status for a in accepted] == [200] * 6
+        wait_until(lambda: "sending" in stored(world).values(), what="delivery under way")
+        time.sleep(0.5)
+        world.cluster.stop("fast")
+        time.sleep(7)  # the relay's replies come meanwhile: recorded once the server is back
+        world.cluster.start()
+        sink.behaviour.data_reply = lambda data: None
+        assert_nothing_lost_or_sent_twice(world, accepted, sink)
+    finally:
+        for host in world.hosts:
+            assert "Traceback" not in host.stop()
+        world.store.shutdown()
