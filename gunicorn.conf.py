@@ -37,6 +37,8 @@ except SettingsError as exc:
 for _warning in unknown_variables():
     warn(_warning)
 logs.configure(_settings.log_format)
+# gunicorn's own lines in the same format (with MAILSVC_LOG_FORMAT=json, every line is JSON).
+logconfig_dict = logs.gunicorn_logging(_settings.log_format)
 # The store is checked (and migrated) here, before gunicorn imports the app (preload_app).
 check_or_exit(_settings)
 

@@ -292,3 +292,29 @@ def test_mail_sent_while_the_server_is_out_is_recorded_once_it_is_back(cluster, 
         for host in world.hosts:
             assert "Traceback" not in host.stop()
         world.store.shutdown()
+
+
+@pytest.mark.slow
+def test_with_json_logs_every_line_is_json_through_refusals_and_an_outage(cluster, sink):
+    """A debit refused for want of credit is a failed statement in a pipeline (psycopg has a
+    line of its own to say so), and an outage has the pool's: every line on standard error is
+    still a JSON object, gunicorn's own lines too."""
+    world = start_world(cluster, sink, 1, log_format="json")
+    try:
+        operator.add_credits(world.store, world.account_id, 5 - 100_000)
+        statuses = Counter(send(world.hosts[0].port, world.headers).status for _ in range(30))
+        assert statuses == Counter({200: 5, 402: 25})
+        cluster.stop("fast")
+        assert send(world.hosts[0].port, world.headers).status == 503
+        cluster.start()
+        wait_until(lambda: world.hosts[0].request("GET", "/readyz")[0] == 200, what="ready")
+    finally:
+        written = world.hosts[0].stop()
+        world.store.shutdown()
+    lines = written.splitlines()
+    parsed = [json.loads(line) for line in lines]  # each line whole, as JSON
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in parsed)
+    loggers = Counter(line["logger"] for line in parsed)
+    assert loggers["mailsvc.access"] >= 31 and loggers["gunicorn.error"] >= 3
+    assert loggers["psycopg"] >= 1  # its pipeline's line, as JSON
+    assert any("cannot be reached" in line["message"] for line in parsed)

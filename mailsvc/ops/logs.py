@@ -86,3 +86,26 @@ def configure(log_format: str) -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(logging.WARNING)
+
+
+def gunicorn_logging(log_format: str) -> dict[str, Any]:
+    """gunicorn's ``logconfig_dict``: its own lines (a worker booted, a signal handled) in the
+    service's format on standard error, as every other line, and the root logger's (the
+    libraries' warnings) too; the service's loggers are left as :func:`configure` made them."""
+    formatter = JsonFormatter if log_format == "json" else TextFormatter
+    handler = {
+        "class": "logging.StreamHandler",
+        "formatter": "mailsvc",
+        "stream": "ext://sys.stderr",
+    }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"mailsvc": {"()": formatter}},
+        "handlers": {"stderr": handler},
+        "root": {"level": "WARNING", "handlers": ["stderr"]},
+        "loggers": {
+            "gunicorn.error": {"level": "INFO", "handlers": ["stderr"], "propagate": False},
+            "gunicorn.access": {"level": "INFO", "handlers": [], "propagate": False},
+        },
+    }
