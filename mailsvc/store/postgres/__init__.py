@@ -363,7 +363,7 @@ class PostgresStore:
             if self._pool is None:  # shut down: the next announcement starts a new loop
                 return
             try:  # (on another connection if the server had closed the first)
-                self._run(lambda connection: connection.execute(f"NOTIFY {CHANNEL}"))
+                self._run(lambda c: c.execute(f"NOTIFY {CHANNEL}", prepare=False))
             except Exception:  # the others poll meanwhile; announced again when it can be
                 self._announce.set()
                 time.sleep(1.0)

@@ -1,0 +1,78 @@
+"""A TCP proxy on loopback in front of PostgreSQL that counts round trips: each time a client,
+having heard from the server, sends again (it had waited for an answer), on every connection,
+with what it sent each time."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+from urllib.parse import urlsplit, urlunsplit
+
+
+class CountingProxy:
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        netloc = (
+            f"{parts.username}@127.0.0.1:{self.port}"
+            if parts.username
+            else f"127.0.0.1:{self.port}"
+        )
+        self.url = urlunsplit(parts._replace(netloc=netloc))
+        self._lock = threading.Lock()
+        #: What clients sent after waiting for the server, one entry a round trip.
+        self.trips: list[bytes] = []
+        self._running = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.trips.clear()
+
+    def count(self, leave_out: bytes | None = None) -> int:
+        with self._lock:
+            return sum(1 for trip in self.trips if leave_out is None or leave_out not in trip)
+
+    def _accept(self) -> None:
+        while self._running:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(client, selectors.EVENT_READ, "client")
+        selector.register(server, selectors.EVENT_READ, "server")
+        heard = True  # the first message is the client's own (its start-up)
+        try:
+            while True:
+                for key, _ in selector.select():
+                    data = key.fileobj.recv(65536)
+                    if not data:
+                        return
+                    if key.data == "client":
+                        with self._lock:
+                            if heard:
+                                self.trips.append(data)
+                            else:
+                                self.trips[-1] += data
+                        heard = False
+                        server.sendall(data)
+                    else:
+                        heard = True
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            server.close()
+
+    def close(self) -> None:
+        self._running = False
+        self._listener.close()
