@@ -23,7 +23,7 @@ from ..timestamps import iso_time, parse_instant, parse_iso_time
 from ..webhooks import events as webhook_events
 from .change import Change
 from .dependencies import Dependencies
-from .sending import SendRequest, accepted, prepare
+from .sending import SendRequest, accepted, prepare, suppressed
 
 
 def send_email(
@@ -51,7 +51,7 @@ def send_batch(
     problems = Problems()
     # One read of the account's suppressions for every recipient of the batch.
     everyone = sorted({r.address for request in body for r in request.recipients})
-    suppressions = reads.suppressed(principal.account_id, everyone)
+    suppressions = suppressed(reads, principal, everyone)
     for index, request in enumerate(body):
         with problems.within(f"[{index}].").checking():
             emails.append(prepare(reads, principal, deps, request, suppressions))

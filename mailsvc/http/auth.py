@@ -37,6 +37,8 @@ class Principal:
     domain: str | None = None
     #: When the key was last noted as used (kept to the minute).
     last_used_at: float | None = None
+    #: The account suppressed some address when the key was read (else a send looks up none).
+    suppresses: bool = True
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,10 @@ def principal_of(caller: Caller | None) -> tuple[Principal, Caller]:
     if key is None or key.revoked:
         raise NotAuthenticated("Authorization: unknown or revoked API key")
     assert caller is not None
-    return Principal(key.account_id, key.id, key.scope, key.domain, key.last_used_at), caller
+    principal = Principal(
+        key.account_id, key.id, key.scope, key.domain, key.last_used_at, caller.suppresses
+    )
+    return principal, caller
 
 
 def check_bearer(authorization: str | None, secret: str) -> None:

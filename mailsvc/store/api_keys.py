@@ -44,14 +44,16 @@ class KeyVerbs:
             f"SELECT {_COLUMNS}, "
             f"(SELECT per_minute FROM account_limits AS own "
             f"WHERE own.account_id = api_keys.account_id AND own.route_group = ?), "
-            f"bucket.tokens, bucket.updated_at FROM api_keys "
+            f"bucket.tokens, bucket.updated_at, EXISTS (SELECT 1 FROM suppressions AS s "
+            f"WHERE s.account_id = api_keys.account_id) FROM api_keys "
             f"LEFT JOIN rate_buckets AS bucket ON bucket.account_id = api_keys.account_id "
             f"AND bucket.route_group = ? WHERE api_keys.id = ?",
             (route_group, route_group, key_id),
         ).fetchone()
         if row is None:
             return None
-        return Caller(_key(row), row[10], (row[11], row[12]) if row[11] is not None else None)
+        bucket = (row[11], row[12]) if row[11] is not None else None
+        return Caller(_key(row), row[10], bucket, bool(row[13]))
 
     def get_api_key(self, key_id: str) -> ApiKey | None:
         row = self.connection.execute(

@@ -210,12 +210,14 @@ class IdempotentRequest:
 @dataclass(frozen=True)
 class Caller:
     """What a request needs to know first, read in one statement: the key it presents, its
-    account's own limit for the route group (None: the default), and that group's bucket as
-    it was last left (None: never used)."""
+    account's own limit for the route group (None: the default), that group's bucket as it
+    was last left (None: never used), and whether the account suppresses any address (if not,
+    a send need not look its recipients up)."""
 
     key: ApiKey
     own_limit: int | None
     bucket: tuple[float, float] | None  # (tokens, updated_at)
+    suppresses: bool = True
 
 
 def tokens_at(bucket: tuple[float, float] | None, per_minute: int, now: float) -> float:
