@@ -230,6 +230,49 @@ def test_mail_is_queued_only_from_a_verified_domain_of_its_account(stores):
     assert stores[0].reads.count_emails_by_status() == {}
 
 
+class Refused(Exception):
+    pass
+
+
+def test_an_email_queued_without_waiting_is_refused_whole_from_an_unverified_domain(stores):
+    owner = account(stores[0], credits=10, name="acc_owner")
+    sender_domain(stores[0], owner)
+    key = new_signing_key(1024)
+    stores[0].write(lambda tx: tx.add_domain("dom_2", owner, "pending.test", False, key, 0.0, "t"))
+    files = (Attachment("a.txt", "text/plain", b"hello", None),)
+    tags = (("flow", "reset"),)
+
+    def accept(email: NewEmail) -> Callable[[Any], None]:
+        def job(tx: Any) -> None:
+            tx.enqueue_email_or_refuse(email, lambda: Refused(email.id))
+            tx.spend_credits(owner, 1)
+
+        return job
+
+    # First in its process (and its connections' sessions): refused, nothing written.
+    refused = new_email("em_refused", owner, "a@pending.test", attachments=files, tags=tags)
+    with pytest.raises(Refused):
+        stores[1].write(accept(refused))
+    assert stores[0].reads.count_emails_by_status() == {}
+    assert stores[0].reads.get_account(owner).credits == 10
+    # Accepted ones hang their rows on their own row, however many came before on the session.
+    for number in range(3):
+        email = new_email(f"em_{number}", owner, "a@verified.test", attachments=files,
+                          tags=(("n", str(number)),),
+                          recipients=(NewRecipient(f"r{number}@example.org"),))  # fmt: skip
+        stores[1].write(accept(email))
+        with pytest.raises(Refused):  # refused after one that was accepted on the session
+            stores[1].write(accept(refused))
+    for number in range(3):
+        stored = stores[2].reads.get_email(owner, f"em_{number}")
+        assert [r.address for r in stored.recipients] == [f"r{number}@example.org"]
+        assert stored.tags == (("n", str(number)),)
+        assert [(a.filename, a.size) for a in stored.attachments] == [("a.txt", 5)]
+        assert stores[2].reads.attachment_contents([stored.seq])[stored.seq] == list(files)
+    assert stores[0].reads.count_emails_by_status() == {"queued": 3}
+    assert stores[0].reads.get_account(owner).credits == 7
+
+
 def test_everything_an_email_carries_comes_back_as_it_went_in(stores):
     store, owner = stores[0], account(stores[0])
     sender_domain(store, owner)

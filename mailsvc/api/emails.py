@@ -80,13 +80,20 @@ def _queue(emails: Sequence[NewEmail], field: str) -> tuple[Any, bool]:
     accepted, and then webhook delivery has nothing new to look for."""
     events = [webhook_events.at_acceptance(email) for email in emails]
 
+    def refusal(index: int) -> DomainNotVerified:
+        domain = emails[index].sender_address.rpartition("@")[2]
+        return DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")
+
     def queue(tx: Writes) -> None:
-        for index, (email, seq) in enumerate(zip(emails, tx.enqueue_emails(emails), strict=True)):
-            if seq is None:
-                domain = email.sender_address.rpartition("@")[2]
-                raise DomainNotVerified(f"{field.format(index=index)}: {_unverified(domain)}")
-            if events[index]:
-                tx.add_webhook_events(email.account_id, seq, events[index], email.created_at)
+        if len(emails) == 1 and not events[0]:  # (the usual send: nothing waits for its seq)
+            tx.enqueue_email_or_refuse(emails[0], lambda: refusal(0))
+        else:
+            seqs = tx.enqueue_emails(emails)
+            for index, (email, seq) in enumerate(zip(emails, seqs, strict=True)):
+                if seq is None:
+                    raise refusal(index)
+                if events[index]:
+                    tx.add_webhook_events(email.account_id, seq, events[index], email.created_at)
         cost = sum(email.charged for email in emails)
         if cost:
             tx.spend_credits(emails[0].account_id, cost)  # CreditExhausted: the dispatcher's 402

@@ -375,6 +375,14 @@ class Writes(Reads, Protocol):
         recipients all are is ``failed`` at once, with the events that say so."""
         ...
 
+    def enqueue_email_or_refuse(self, email: NewEmail, refusal: Callable[[], Exception]) -> None:
+        """Queue an accepted email as :meth:`enqueue_email` does, and refuse the whole
+        transaction with ``refusal()`` if its sender domain is not verified: at once, or, where
+        statements wait to travel together (PostgreSQL), when the transaction is sent, so that
+        the email's rows, that check and the COMMIT go to the server in one message. Its
+        sequence number is not returned (nothing waits for it)."""
+        ...
+
     def enqueue_emails(self, emails: Sequence[NewEmail]) -> list[int | None]:
         """Queue several accepted emails (a batch) as :meth:`enqueue_email` queues one, in a
         few statements for all of them; each one's sequence number, or None (nothing written

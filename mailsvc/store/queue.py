@@ -37,6 +37,22 @@ def _domain(email: NewEmail) -> str:
     return email.sender_address.rpartition("@")[2]
 
 
+#: The rule of :meth:`QueueVerbs.enqueue_email_or_refuse`: the email's sender domain was
+#: verified for its account when it was inserted.
+SENDER_VERIFIED = "sender_domain_verified"
+
+
+class _SessionsEmail:
+    """The ``seq`` of the email this PostgreSQL session inserted last, as SQL (the first value
+    of a row of :meth:`QueueVerbs._insert_rows`)."""
+
+    sql = "currval(pg_get_serial_sequence('emails', 'seq'))"
+
+
+def _mark(value: object) -> str:
+    return value.sql if isinstance(value, _SessionsEmail) else "?"
+
+
 #: The last attempt's statuses the account's daily counters count, and as what.
 _COUNTED_AS = {
     statuses.SENT: "sent",
@@ -47,6 +63,7 @@ _COUNTED_AS = {
 
 class QueueVerbs(HistoryVerbs):
     contended: Callable[[Contended], None]
+    refuse_unless: Callable[[str, Any, str, Callable[[], Exception]], None]
 
     def enqueue_email(self, email: NewEmail) -> int | None:
         # The sender domain is checked by the insert itself: one statement, one round trip. Its
@@ -62,6 +79,29 @@ class QueueVerbs(HistoryVerbs):
             return None
         self._email_rows([(row[0], email)])
         return int(row[0])
+
+    def enqueue_email_or_refuse(self, email: NewEmail, refusal: Callable[[], Exception]) -> None:
+        """See :meth:`Writes.enqueue_email_or_refuse`."""
+        if not self.dialect.queues_statements or any(
+            r.status == statuses.SUPPRESSED for r in email.recipients
+        ):
+            if self.enqueue_email(email) is None:
+                raise refusal()
+            return
+        # Nothing here waits for an answer: the email's row (inserted only from a verified
+        # sender domain, share-locked as enqueue_email's), the rule that refuses the whole
+        # transaction if it was not, and the rows that hang on it (by the sequence's value in
+        # this session, which is the email's once the rule has passed) go with the COMMIT.
+        self.run(
+            f"INSERT INTO emails ({_NEW_EMAIL}) SELECT {marks(len(_NEW_EMAIL.split(',')))} "
+            f"WHERE EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
+            f"AND verified_at IS NOT NULL{self.dialect.share_lock})",
+            (*self._email_values(email), email.account_id, _domain(email)),
+        )
+        self.refuse_unless(
+            "EXISTS (SELECT 1 FROM emails WHERE id = ?)", (email.id,), SENDER_VERIFIED, refusal
+        )
+        self._email_rows([(_SessionsEmail(), email)])
 
     def enqueue_emails(self, emails: Sequence[NewEmail]) -> list[int | None]:
         # A batch: the sender domains checked in one read, the emails inserted in one
@@ -123,7 +163,7 @@ class QueueVerbs(HistoryVerbs):
             email.scheduled_at,
         )
 
-    def _email_rows(self, queued: Sequence[tuple[int, NewEmail]]) -> None:
+    def _email_rows(self, queued: Sequence[tuple[int | _SessionsEmail, NewEmail]]) -> None:
         """What queued emails hold beside their own row: recipients, files, tags, and the
         events of recipients left out (suppressed), a statement for each kind."""
         self._insert_rows(
@@ -153,6 +193,7 @@ class QueueVerbs(HistoryVerbs):
         for seq, email in queued:
             suppressed = [r for r in email.recipients if r.status == statuses.SUPPRESSED]
             if suppressed:
+                assert isinstance(seq, int)  # (never one queued without waiting)
                 replies = [{"address": r.address, "reply": r.reply} for r in suppressed]
                 events: list[tuple[str, dict[str, object] | None]] = [
                     (statuses.SUPPRESSED, {"recipients": replies})
@@ -218,14 +259,17 @@ class QueueVerbs(HistoryVerbs):
 
     def _insert_rows(self, table: str, rows: Sequence[Sequence[object]]) -> None:
         """Rows into ``table (columns)``, in as few statements as the backends' limit on
-        parameters allows (one, nearly always), whose result is not read."""
+        parameters allows (one, nearly always), whose result is not read. A value that is a
+        :class:`_SessionsEmail` is SQL, not a parameter."""
         if rows:
             width = len(rows[0])
             for chunk in _chunks(rows, _MAX_PARAMETERS // width):
-                row = "(" + marks(width) + ")"
+                marked = ", ".join(
+                    "(" + ", ".join(_mark(value) for value in values) + ")" for values in chunk
+                )
                 self.run(
-                    f"INSERT INTO {table} VALUES " + ", ".join([row] * len(chunk)),
-                    [value for values in chunk for value in values],
+                    f"INSERT INTO {table} VALUES {marked}",
+                    [v for values in chunk for v in values if not isinstance(v, _SessionsEmail)],
                 )
 
     def _json(self, value: object) -> object:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,6 +42,8 @@ class SqlVerbs(
         self.dialect = dialect
         #: Contended statements held back for the commit (see :class:`Dialect`).
         self.held_back: list[Contended] = []
+        #: What a rule checked by :meth:`refuse_unless` refuses with, by the rule's name.
+        self.refusals: dict[str, Callable[[], Exception]] = {}
 
     def run(self, sql: str, params: Any = ()) -> None:
         """A statement whose result is not read (it refuses nothing a caller handles): it may
@@ -62,6 +64,30 @@ class SqlVerbs(
             if self.dialect.check_violation(exc) == statement.constraint:
                 raise statement.refusal() from None
             raise
+
+    def refuse_unless(
+        self, condition: str, params: Any, rule: str, refusal: Callable[[], Exception]
+    ) -> None:
+        """Refuse the transaction with ``refusal()`` unless ``condition`` (SQL) holds now: at
+        once where statements are answered one by one, or, where they wait, with whatever
+        statement or the COMMIT next goes (a check violation named ``rule`` that the writer
+        turns into ``refusal()``). Nothing written after it in the job is kept if it fails."""
+        if not self.dialect.queues_statements:
+            if not self.connection.execute(f"SELECT {condition}", params).fetchone()[0]:
+                raise refusal()
+            return
+        self.refusals[rule] = refusal
+        self.run(f"SELECT mailsvc_refuse(?) WHERE NOT ({condition})", (rule, *params))
+
+    def refusal_of(self, rule: str | None) -> Exception | None:
+        """What the transaction is refused with, for a check violation of ``rule``: a rule of
+        :meth:`refuse_unless`, or the constraint of a held-back statement; None: neither."""
+        if rule in self.refusals:
+            return self.refusals[rule]()
+        for statement in self.held_back:
+            if statement.constraint == rule:
+                return statement.refusal()
+        return None
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:

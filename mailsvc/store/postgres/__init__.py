@@ -41,7 +41,7 @@ from ..outages import (
     Conditions,
     ServerLimits,
 )
-from ..sql import Contended, Dialect, migration_scripts
+from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
 
 Result = TypeVar("Result")
@@ -319,15 +319,21 @@ class PostgresStore:
 
         def run(connection: psycopg.Connection[Any]) -> Result:
             self.on_commit([time.perf_counter() - waiting])
+            opened = _Connection(connection, begin)
+            verbs = SqlVerbs(opened, DIALECT)
             try:
-                opened = _Connection(connection, begin)
-                verbs = SqlVerbs(opened, DIALECT)
                 result = job(verbs)
+            except errors.CheckViolation as exc:  # a rule checked without waiting, refusing
+                _roll_back(connection)
+                refusal = verbs.refusal_of(exc.diag.constraint_name)
+                if refusal is None:
+                    raise
+                raise refusal from None
             except BaseException:
                 _roll_back(connection)
                 raise
             try:
-                _commit(opened, verbs.held_back)
+                _commit(opened, verbs)
             except psycopg.OperationalError as exc:
                 if not connection.broken:
                     raise
@@ -475,11 +481,12 @@ class _EachRead:
         return call
 
 
-def _commit(opened: _Connection, held_back: Sequence[Contended]) -> None:
+def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
     """COMMIT, in one message with whatever still waits (what opens the transaction, queued
     statements) and the statements held back on contended rows, so that those rows are locked
-    only while the server runs them and commits."""
-    connection = opened._connection
+    only while the server runs them and commits. A check violation that one of them, or a rule
+    of ``verbs.refuse_unless``, names is the refusal it stands for."""
+    connection, held_back = opened._connection, verbs.held_back
     if not held_back and not opened.queued and not opened.begin:
         connection.execute("COMMIT")
         return
@@ -494,10 +501,10 @@ def _commit(opened: _Connection, held_back: Sequence[Contended]) -> None:
             connection.execute("COMMIT", prepare=False)
     except errors.CheckViolation as exc:
         _roll_back(connection)
-        for statement in held_back:
-            if statement.constraint == exc.diag.constraint_name:
-                raise statement.refusal() from None
-        raise
+        refusal = verbs.refusal_of(exc.diag.constraint_name)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def _roll_back(connection: psycopg.Connection[Any]) -> None:
