@@ -495,6 +495,22 @@ def test_leases_that_ran_out_during_an_outage_are_left_to_their_holders(stores):
     assert stores[2].write(lambda tx: tx.claim_due("other", 200.0, 10.0, 10, 111.0)) != []
 
 
+def test_webhook_leases_that_ran_out_during_an_outage_are_left_to_their_holders(stores):
+    from mailsvc.store import WebhookEvent
+
+    store = stores[0]
+    owner = hooked_account(store, endpoints=2)
+    events = [WebhookEvent(f"msg_{n}", "email.sent", "{}") for n in range(2)]
+    store.write(lambda tx: tx.add_webhook_events(owner, None, events[:1], 100.0))
+    held = store.write(lambda tx: tx.claim_webhook_deliveries("holder", 100.0, 10.0, 10, 5))
+    assert len(held) == 2  # one event, two endpoints: leases end at 110
+    store.write(lambda tx: tx.add_webhook_events(owner, None, events[1:], 150.0))
+    after = stores[1].write(lambda tx: tx.claim_webhook_deliveries("b", 200.0, 10.0, 10, 5, 105.0))
+    assert {d.event_id for d, _ in after} == {"msg_1"}
+    taken = stores[2].write(lambda tx: tx.claim_webhook_deliveries("c", 200.0, 10.0, 10, 5, 111.0))
+    assert {d.event_id for d, _ in taken} == {"msg_0"}
+
+
 def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
     store = stores[0]
     owner = account(store)

@@ -551,9 +551,16 @@ class Writes(Reads, Protocol):
         ...
 
     def claim_webhook_deliveries(
-        self, owner: str, now: float, lease_seconds: float, limit: int, per_endpoint: int
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        per_endpoint: int,
+        leases_ended_before: float | None = None,
     ) -> list[tuple[WebhookDelivery, Webhook]]:
-        """Lease due deliveries to ``owner``, as :meth:`claim_due` leases mail: never one that
+        """Lease due deliveries to ``owner``, as :meth:`claim_due` leases mail (leases that ran
+        out from ``leases_ended_before`` on left to their holders too): never one that
         another claimer holds, never one before an earlier event of the same email to the same
         endpoint is done, none for an endpoint backing off, and at most ``per_endpoint``
         in flight for one endpoint."""

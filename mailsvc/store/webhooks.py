@@ -255,12 +255,21 @@ class WebhookVerbs:
         return True
 
     def claim_webhook_deliveries(
-        self, owner: str, now: float, lease_seconds: float, limit: int, per_endpoint: int
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int,
+        per_endpoint: int,
+        leases_ended_before: float | None = None,
     ) -> list[tuple[WebhookDelivery, Webhook]]:
         """Lease up to ``limit`` due deliveries to ``owner``, at most ``per_endpoint`` for one
         endpoint in flight at a time, with the endpoint each goes to."""
+        leases, cutoff = ("", ()) if leases_ended_before is None else (
+            "AND (d.lease_owner IS NULL OR d.due_at < ?) ", (leases_ended_before,)
+        )  # fmt: skip
         candidates = self.connection.execute(
-            f"SELECT d.seq, d.webhook_id FROM webhook_deliveries d WHERE d.due_at <= ? "
+            f"SELECT d.seq, d.webhook_id FROM webhook_deliveries d WHERE d.due_at <= ? {leases}"
             f"AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = ? "
             f"AND (w.retry_at IS NULL OR w.retry_at <= ?)) "
             f"AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.webhook_id = "
@@ -269,7 +278,7 @@ class WebhookVerbs:
             f"AND (SELECT count(*) FROM webhook_deliveries f WHERE f.webhook_id = d.webhook_id "
             f"AND f.status = ? AND f.due_at > ?) < ? "
             f"ORDER BY d.due_at LIMIT ?{self.dialect.skip_locked}",
-            (now, ENABLED, now, DELIVERING, now, per_endpoint, limit * 4),
+            (now, *cutoff, ENABLED, now, DELIVERING, now, per_endpoint, limit * 4),
         ).fetchall()
         taken: dict[str, int] = {}
         chosen: list[int] = []

@@ -107,7 +107,7 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
     ) -> tuple[list[tuple[WebhookDelivery, Webhook]], float | None]:
         now = self.clock()
         batch = tx.claim_webhook_deliveries(
-            self.owner, now, self.lease_seconds, wanted, PER_ENDPOINT
+            self.owner, now, self.lease_seconds, wanted, PER_ENDPOINT, self.leases_cutoff()
         )
         return batch, (tx.next_webhook_due_at() if len(batch) < wanted else None)
 
