@@ -517,6 +517,19 @@ def test_a_suppressed_recipient_is_refused_at_its_rcpt_and_the_others_go_on(depl
     assert [r["address"] for r in shown["recipients"]] == ["here@example.org"]
 
 
+def test_an_address_suppressed_during_a_session_is_refused_at_its_next_message(deployment):
+    """An account that suppresses nobody has no RCPT looked up; each MAIL reads that again."""
+    tenant = deployment.tenant()
+    with logged_in(deployment, tenant) as session:
+        _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
+                             ["later@example.org"])  # fmt: skip
+        assert rcpts == [(250, "2.1.5 recipient ok")]
+        operator.add_suppression(deployment.store, tenant.id, "later@example.org", "complained")
+        _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
+                             ["later@example.org"])  # fmt: skip
+        assert rcpts[0][0] == 550 and "suppression list (complained)" in rcpts[0][1]
+
+
 def test_at_most_50_recipients_and_addresses_as_strict_as_the_apis(deployment):
     tenant = deployment.tenant()
     with logged_in(deployment, tenant) as session:
