@@ -11,7 +11,7 @@ from werkzeug.test import Client
 from mailsvc import create_app
 from mailsvc.mail.message import build_message
 
-from .conftest import VERIFIED, email_body, make_tenant, wait_until
+from .conftest import VERIFIED, count_by_status, email_body, make_tenant, wait_until
 
 
 @pytest.fixture
@@ -170,6 +170,34 @@ def test_connection_is_reused_between_messages(config, clock, sink):
         assert sink.connections == 1
     finally:
         app.stop(timeout=5)
+
+
+def test_a_thread_that_sent_an_email_claims_its_next_in_the_same_transaction(config, clock, sink):
+    """A queue drained by one thread: one store transaction an email (its outcome and the next
+    claim), not two, and the claimer thread looks once, to start."""
+    config["smtp_url"] = sink.url
+    accepting = create_app(config, clock=clock)  # never started: queues while nobody delivers
+    tenant = make_tenant(accepting)
+    for number in range(30):
+        post(Client(accepting), tenant, subject=f"m{number}")
+    config["delivery_threads"] = 1
+    delivering = create_app(config, clock=clock)
+    writes, write = [], delivering.store.write
+
+    def counted(job, durable=True):
+        writes.append(job)
+        return write(job, durable)
+
+    delivering.store.write = counted
+    delivering.start()
+    try:
+        sink.wait_for(30, timeout=30)
+        wait_until(lambda: count_by_status(delivering.store) == {"sent": 30}, what="recorded")
+    finally:
+        delivering.stop(timeout=5)
+    assert len(sink.messages) == 30 and len({m.message_id for m in sink.messages}) == 30
+    # (30 outcomes with the next claim, the claimer's first claim and a few looks or renewals)
+    assert len(writes) <= 30 + 8, len(writes)
 
 
 def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):

@@ -189,12 +189,12 @@ class DeliveryPool(LeasedPool[Claimed]):
     def close_worker(self, state: Any) -> None:
         state.close()
 
-    def do(self, item: Claimed, state: Any) -> None:
-        self._attempt(item, state)
+    def do(self, item: Claimed, state: Any) -> Claimed | None:
+        return self._attempt(item, state)
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _attempt(self, claimed: Claimed, transport: Transport) -> None:
+    def _attempt(self, claimed: Claimed, transport: Transport) -> Claimed | None:
         email = claimed.email
         pending = [
             (position, recipient)
@@ -220,7 +220,11 @@ class DeliveryPool(LeasedPool[Claimed]):
             if r.status == statuses.FAILED and (r.enhanced_code or "").startswith("5.1.")
         ]
 
-        def record(tx: Writes) -> bool:
+        # The relay took it all: the job that records it claims this thread's next email too
+        # (while the relay is in doubt, only the claimer claims, as its health allows).
+        relay_took_it = bool(replies) and all(r.status == statuses.SENT for _, r in outcomes)
+
+        def record(tx: Writes) -> tuple[bool, Claimed | None]:
             kept = tx.finish_attempt(
                 email.seq,
                 self.owner,
@@ -239,11 +243,12 @@ class DeliveryPool(LeasedPool[Claimed]):
                     )
                 if events:
                     tx.add_webhook_events(email.account_id, email.seq, events, now)
-            return kept
+            return kept, self.claim_next(tx) if relay_took_it else None
 
-        if not self.record(record):
+        kept, following = self.record(record)
+        if not kept:
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
-            return
+            return following
         metrics.ATTEMPTS.labels(decision.status).inc()
         log.info(
             "email %s attempt %d: %s; %s",
@@ -263,6 +268,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         )
         if events:
             self.on_events()
+        return following
 
     def _send(
         self,

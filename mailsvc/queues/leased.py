@@ -100,9 +100,21 @@ class LeasedPool(Generic[Item]):
         """The piece's sequence number, by which its lease is renewed or given back."""
         raise NotImplementedError
 
-    def do(self, item: Item, state: Any) -> None:
-        """Do one piece and record its outcome. ``state`` is the worker's own."""
+    def do(self, item: Item, state: Any) -> Item | None:
+        """Do one piece and record its outcome. ``state`` is the worker's own. Returns the
+        worker's next piece when the job that recorded the outcome claimed one (see
+        :meth:`claim_next`), else None."""
         raise NotImplementedError
+
+    def claim_next(self, tx: Writes) -> Item | None:
+        """In the job that records a worker's outcome: lease the worker its next piece, so
+        that it goes on without waiting for the claimer (one transaction, not two, an
+        email). None while the pool is stopping, or nothing is due."""
+        if not self._running:
+            return None
+        batch, _ = self.claim(tx, wanted=1)
+        self.claims += 1
+        return batch[0] if batch else None
 
     def give_back(self, tx: Writes, keys: Sequence[int]) -> None:
         """Give back pieces leased but never started, due at once for anyone."""
@@ -303,20 +315,28 @@ class LeasedPool(Generic[Item]):
                 item = self._handoff.get()
                 if item is None:
                     return
-                try:
-                    if not self._running:
-                        self._give_back([item])
-                    else:
-                        self.do(item, state)
-                except StoreOutage:  # logged by the store, once; the lease expires
-                    pass
-                except Exception:
-                    log.exception("%s: %s failed; its lease will expire", self.name, self.key(item))
-                finally:
-                    with self._held_lock:
-                        self._held.discard(self.key(item))
+                while item is not None:  # and the pieces its outcome's job claimed after it
+                    item = self._do_one(item, state)
         finally:
             self.close_worker(state)
+
+    def _do_one(self, item: Item, state: Any) -> Item | None:
+        following = None
+        try:
+            if not self._running:
+                self._give_back([item])
+            else:
+                following = self.do(item, state)
+        except StoreOutage:  # logged by the store, once; the lease expires
+            pass
+        except Exception:
+            log.exception("%s: %s failed; its lease will expire", self.name, self.key(item))
+        finally:
+            with self._held_lock:
+                self._held.discard(self.key(item))
+                if following is not None:
+                    self._held.add(self.key(following))
+        return following
 
     def _keep_leases_loop(self, stopped: threading.Event) -> None:
         """Every third of a lease, extend the leases this process holds by a whole lease."""
