@@ -1,0 +1,101 @@
+"""Accept-to-handoff at the load a small deployment sees: what a user feels when a password
+reset is sent, on each backend, side by side.
+
+    python -m tests.bench.handoff [--rate 100] [--seconds 20] [--rounds 3]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
+
+Each round serves mailsvc on SQLite, then on a PostgreSQL database of the round's own (made and
+dropped), with delivery to the same sink, and sends ``POST /v1/emails`` open loop at ``--rate``
+a second for ``--seconds``. For each email answered 200: the accept latency (from when its
+request was due), and the accept-to-handoff time (from the 200 to the sink's receipt of its
+message). The report gives each round's p50 and p99 and their medians. Not a test: run it by
+hand; numbers are for this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from . import openloop
+from .parts import Sink, email, percentile, postgres_database, prepare, serve
+
+
+def measure(database: str, sink: Sink, rate: float, seconds: float) -> dict[str, float]:
+    _, key = prepare(database)
+    server = serve(
+        {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}, 2
+    )
+    try:
+        headers = {"Authorization": f"Bearer {key}"}
+        samples = openloop.run(
+            "127.0.0.1", server.port, "/v1/emails", email(1), headers, rate, seconds
+        )
+        ok = [s for s in samples if s.status == 200]
+        answered = {json.loads(s.body)["id"]: s.due + s.latency for s in ok}
+        deadline = time.monotonic() + 30  # every email answered 200 reaches the sink
+        while True:
+            received = {mid.strip("<>").split("@")[0]: at for at, mid in sink.received()}
+            if all(i in received for i in answered) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        server.stop()
+    accept = [s.latency * 1000 for s in ok]
+    handoff = [(received[i] - at) * 1000 for i, at in answered.items() if i in received]
+    return {
+        "accept p50": percentile(accept, 0.5),
+        "accept p99": percentile(accept, 0.99),
+        "handoff p50": percentile(handoff, 0.5),
+        "handoff p99": percentile(handoff, 0.99),
+        "errors": len(samples) - len(ok),
+        "not delivered": len(answered) - len(handoff),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(
+            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-handoff-"))
+    sink = Sink(folder)
+    rounds: dict[str, list[dict[str, float]]] = {"sqlite": [], "postgresql": []}
+    try:
+        for number in range(args.rounds):
+            database = str(folder / f"round{number}.sqlite3")
+            rounds["sqlite"].append(measure(database, sink, args.rate, args.seconds))
+            with contextlib.ExitStack() as stack:
+                _, url = stack.enter_context(
+                    postgres_database(args.postgres_url, "mailsvc_handoff")
+                )
+                rounds["postgresql"].append(measure(url, sink, args.rate, args.seconds))
+    finally:
+        sink.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"open loop at {args.rate:g}/s for {args.seconds:g} s, {args.rounds} rounds (ms)")
+    for backend, measured in rounds.items():
+        for figure in measured[0]:
+            values = [m[figure] for m in measured]
+            each = "  ".join(f"{v:8.1f}" for v in values)
+            print(f"{backend:10} {figure:14} {each}   median {statistics.median(values):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
