@@ -11,8 +11,7 @@ from ..routes import (
     LIST_DOMAINS,
     VERIFY_DOMAIN,
 )
-from . import security
-from .pages import Dashboard, form_fields, refused_or
+from .pages import Dashboard, act_then_go, form_fields, refused_or
 from .sessions import SignedIn
 
 
@@ -35,14 +34,19 @@ def add_domain(dash: Dashboard, request: Request, signed_in: SignedIn) -> Respon
 def check_domain(
     dash: Dashboard, request: Request, signed_in: SignedIn, domain_id: str
 ) -> Response:
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, VERIFY_DOMAIN, {"domain_id": domain_id})
-    return redirect(f"/dashboard/domains#{domain_id}", 303)
+    return act_then_go(
+        dash,
+        request,
+        signed_in,
+        VERIFY_DOMAIN,
+        {"domain_id": domain_id},
+        f"/dashboard/domains#{domain_id}",
+    )
 
 
 def delete_domain(
     dash: Dashboard, request: Request, signed_in: SignedIn, domain_id: str
 ) -> Response:
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, DELETE_DOMAIN, {"domain_id": domain_id})
-    return redirect("/dashboard/domains", 303)
+    return act_then_go(
+        dash, request, signed_in, DELETE_DOMAIN, {"domain_id": domain_id}, "/dashboard/domains"
+    )

@@ -18,7 +18,7 @@ from ..routes import (
     RESCHEDULE_EMAIL,
 )
 from . import security
-from .pages import Dashboard
+from .pages import Dashboard, act_then_go
 from .sessions import SignedIn
 
 #: The statuses a list may be filtered by (those of ``GET /v1/emails?status=``).
@@ -87,6 +87,11 @@ def reschedule(dash: Dashboard, request: Request, signed_in: SignedIn, email_id:
 
 
 def cancel(dash: Dashboard, request: Request, signed_in: SignedIn, email_id: str) -> Response:
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, CANCEL_EMAIL, {"email_id": email_id})
-    return redirect(f"/dashboard/emails/{email_id}", 303)
+    return act_then_go(
+        dash,
+        request,
+        signed_in,
+        CANCEL_EMAIL,
+        {"email_id": email_id},
+        f"/dashboard/emails/{email_id}",
+    )

@@ -7,6 +7,7 @@ from importlib import resources
 from typing import Any, Protocol
 
 from werkzeug.exceptions import NotFound
+from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
 from ..errors import ValidationFailed
@@ -47,6 +48,21 @@ def refused_or(
         return change()
     except ValidationFailed as exc:
         return page(dash, request, signed_in, problem=exc.message, status=400)
+
+
+def act_then_go(
+    dash: Dashboard,
+    request: Request,
+    signed_in: SignedIn,
+    endpoint: Any,
+    matched: dict[str, str],
+    location: str,
+) -> Response:
+    """A form's change that has no input of its own: checked (CSRF, Origin), done through the
+    API's path, then the browser sent on to ``location``."""
+    security.check_form(request, signed_in.csrf_token)
+    dash.service.act(signed_in.record.key_id, endpoint, matched)
+    return redirect(location, 303)
 
 
 def static(dash: Dashboard, request: Request, name: str) -> Response:

@@ -14,7 +14,7 @@ from ..routes import (
     UPDATE_TEMPLATE,
 )
 from . import security
-from .pages import Dashboard, form_fields, refused_or
+from .pages import Dashboard, act_then_go, form_fields, refused_or
 from .sessions import SignedIn
 
 
@@ -61,6 +61,11 @@ def update_template(
 
 def delete_template(dash: Dashboard, request: Request, signed_in: SignedIn,
                     template_id: str) -> Response:  # fmt: skip
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, DELETE_TEMPLATE, {"template_id": template_id})
-    return redirect("/dashboard/templates", 303)
+    return act_then_go(
+        dash,
+        request,
+        signed_in,
+        DELETE_TEMPLATE,
+        {"template_id": template_id},
+        "/dashboard/templates",
+    )

@@ -20,7 +20,7 @@ from ..routes import (
     UPDATE_WEBHOOK,
 )
 from . import security
-from .pages import Dashboard, form_fields, refused_or
+from .pages import Dashboard, act_then_go, form_fields, refused_or
 from .sessions import SignedIn
 
 #: The events a webhook may subscribe to (those of ``POST /v1/webhooks``).
@@ -76,16 +76,21 @@ def update_webhook(
 def test_webhook(
     dash: Dashboard, request: Request, signed_in: SignedIn, webhook_id: str
 ) -> Response:
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, TEST_WEBHOOK, {"webhook_id": webhook_id})
-    return redirect(f"/dashboard/webhooks/{webhook_id}", 303)
+    return act_then_go(
+        dash,
+        request,
+        signed_in,
+        TEST_WEBHOOK,
+        {"webhook_id": webhook_id},
+        f"/dashboard/webhooks/{webhook_id}",
+    )
 
 
 def delete_webhook(dash: Dashboard, request: Request, signed_in: SignedIn,
                    webhook_id: str) -> Response:  # fmt: skip
-    security.check_form(request, signed_in.csrf_token)
-    dash.service.act(signed_in.record.key_id, DELETE_WEBHOOK, {"webhook_id": webhook_id})
-    return redirect("/dashboard/webhooks", 303)
+    return act_then_go(
+        dash, request, signed_in, DELETE_WEBHOOK, {"webhook_id": webhook_id}, "/dashboard/webhooks"
+    )
 
 
 def resend_delivery(
