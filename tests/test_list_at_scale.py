@@ -65,8 +65,8 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
     """The database as mailsvc left it before the index existed (migration 10), and the
     ``MAILSVC_DATABASE`` to open it with."""
     undo = [
+        "DROP TABLE daily_outcomes",  # migration 15 (which dropped 14's index too)
         "DROP TABLE dashboard_sessions",  # migration 14
-        "DROP INDEX emails_by_account_and_age",
         "DROP INDEX emails_waiting_for_relay",  # migration 12
         "ALTER TABLE emails DROP COLUMN waits_for_relay_since",
         "DROP INDEX recipients_by_account_address",
@@ -92,9 +92,10 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
     import psycopg
 
     with psycopg.connect(database, autocommit=True) as connection:
+        connection.execute("DROP FUNCTION mailsvc_refuse(text)")  # migration 16
         for statement in undo:
             connection.execute(statement)
-        connection.execute("DELETE FROM schema_migrations WHERE version IN (11, 12, 14)")
+        connection.execute("DELETE FROM schema_migrations WHERE version IN (11, 12, 14, 15, 16)")
     return database
 
 
