@@ -25,6 +25,8 @@ class CountingProxy:
         self._lock = threading.Lock()
         #: What clients sent after waiting for the server, one entry a round trip.
         self.trips: list[bytes] = []
+        #: Connections made through the proxy so far (each one's start-up is round trips too).
+        self.opened = 0
         self._running = True
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -43,6 +45,8 @@ class CountingProxy:
             except OSError:
                 return
             server = socket.create_connection(self.target)
+            with self._lock:
+                self.opened += 1
             threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:

@@ -361,15 +361,21 @@ def test_an_accept_waits_on_postgresql_twice(postgres_database):
                 assert (
                     client.post("/v1/emails", json=body, headers=tenant.headers).status_code == 200
                 )
-            counted = []
-            for _ in range(3):
+            counted: list[int] = []
+            for _ in range(20):
+                if len(counted) == 3:
+                    break
                 proxy.reset()
+                opened = proxy.opened
                 sent = client.post("/v1/emails", json=body, headers=tenant.headers)
                 assert sent.status_code == 200
-                counted.append(proxy.count(leave_out=b"NOTIFY"))
+                if proxy.opened == opened:  # (a pool that grew meanwhile: its start-up counts)
+                    counted.append(proxy.count(leave_out=b"NOTIFY"))
+            assert len(counted) == 3, "the pool grew at every request"
             return counted
 
-        assert 1 <= min(trips(email_body())) and max(trips(email_body())) <= 2
+        counted = trips(email_body())
+        assert 1 <= min(counted) and max(counted) <= 2, counted
         operator.add_suppression(app.store, tenant.id, "gone@example.org")
         to_both = email_body(to=["alice@example.org", "gone@example.org"])
         assert max(trips(to_both)) <= 4

@@ -731,16 +731,26 @@ class Store(Protocol):
 def each_read(verbs: Callable[[], AbstractContextManager[Reads]]) -> Reads:
     """:attr:`Store.reads` for a backend: each verb called on what ``verbs()`` lends for the
     call (the verbs on a connection outside any transaction)."""
-    return _EachRead(verbs)  # type: ignore[return-value]
+
+    def run(use: Callable[[Reads], Any]) -> Any:
+        with verbs() as view:
+            return use(view)
+
+    return each_read_by(run)
+
+
+def each_read_by(run: Callable[[Callable[[Reads], Any]], Any]) -> Reads:
+    """:attr:`Store.reads` for a backend whose ``run(use)`` calls ``use`` with the verbs on a
+    connection outside any transaction (and may call it again on another)."""
+    return _EachRead(run)  # type: ignore[return-value]
 
 
 class _EachRead:
-    def __init__(self, verbs: Callable[[], AbstractContextManager[Reads]]) -> None:
-        self._verbs = verbs
+    def __init__(self, run: Callable[[Callable[[Reads], Any]], Any]) -> None:
+        self._run = run
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            with self._verbs() as view:
-                return getattr(view, name)(*args, **kwargs)
+            return self._run(lambda view: getattr(view, name)(*args, **kwargs))
 
         return call

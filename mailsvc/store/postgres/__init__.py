@@ -31,7 +31,7 @@ from psycopg import errors, pq
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..contract import Reads, StoreUnavailable, Writes
+from ..contract import Reads, StoreUnavailable, Writes, each_read_by
 from ..outages import (
     BUSY,
     DEFAULT_LIMITS,
@@ -173,7 +173,7 @@ class PostgresStore:
         self.url = url
         self.server = server
         self.setting = setting
-        self.reads: Reads = _EachRead(self)  # type: ignore[assignment]
+        self.reads: Reads = each_read_by(self.read_once)
         #: When the server was last found unreachable in this process; None while it answers.
         self._down_since: float | None = None
         self._probe_lock = threading.Lock()
@@ -412,14 +412,11 @@ class PostgresStore:
         if listener is not None and self._listener_pid == os.getpid():
             listener.close()
 
-    def read_once(self, name: str, args: Any, kwargs: Any) -> Any:
-        """One read verb, on a connection outside any transaction (:attr:`reads`)."""
-
-        def run(connection: psycopg.Connection[Any]) -> Any:
-            return getattr(SqlVerbs(_Connection(connection), DIALECT), name)(*args, **kwargs)
-
+    def read_once(self, use: Callable[[Reads], Result]) -> Result:
+        """``use(verbs)`` on a connection outside any transaction (:attr:`reads`), done again
+        on another if the server had closed the first."""
         with self._outages():
-            return self._run(run)
+            return self._run(lambda connection: use(SqlVerbs(_Connection(connection), DIALECT)))
 
     def _connections(self) -> ConnectionPool[Any]:
         pool = self._pool
@@ -465,20 +462,6 @@ class PostgresStore:
             pool.close()
             raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
         return pool
-
-
-class _EachRead:
-    """:attr:`PostgresStore.reads`: each verb on a connection of its own, done again on another
-    if the server had closed the first."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._store.read_once(name, args, kwargs)
-
-        return call
 
 
 def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
