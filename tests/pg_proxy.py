@@ -1,6 +1,7 @@
 """A TCP proxy on loopback in front of PostgreSQL that counts round trips: each time a client,
 having heard from the server, sends again (it had waited for an answer), on every connection,
-with what it sent each time."""
+with what it sent each time. It can also break a connection at a chosen message, before the
+server has it or after the server has answered it (a COMMIT whose answer never comes)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,27 @@ class CountingProxy:
         #: Connections made through the proxy so far (each one's start-up is round trips too).
         self.opened = 0
         self._running = True
+        #: (marker, whether the server gets the message) of the next connection to break.
+        self._cut: tuple[bytes, bool] | None = None
+        #: Connections broken so far.
+        self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, marker: bytes, server_gets_it: bool) -> None:
+        """Break the connection on which a client next sends a message holding ``marker``:
+        before the server has it, or once the server has answered it (the answer is not
+        passed on)."""
+        with self._lock:
+            self._cut = (marker, server_gets_it)
+
+    def _cut_here(self, data: bytes) -> tuple[bytes, bool] | None:
+        with self._lock:
+            cut = self._cut
+            if cut is None or cut[0] not in data:
+                return None
+            self._cut = None
+            self.cuts += 1
+            return cut
 
     def reset(self) -> None:
         with self._lock:
@@ -61,6 +82,12 @@ class CountingProxy:
                     if not data:
                         return
                     if key.data == "client":
+                        cut = self._cut_here(data)
+                        if cut is not None:
+                            if cut[1]:
+                                server.sendall(data)
+                                server.recv(65536)  # its answer, kept from the client
+                            return
                         with self._lock:
                             if heard:
                                 self.trips.append(data)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,18 @@ def proc_stat(pid: int) -> list[str]:
     :raises OSError: there is no such process.
     """
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User and system CPU time of these processes so far (gone ones count nothing)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = proc_stat(pid)
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _alive(pid: int) -> bool:

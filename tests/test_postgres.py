@@ -18,7 +18,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
-from mailsvc.store import SqliteStore, open_store
+from mailsvc.store import SqliteStore, StoreOutage, open_store
 from mailsvc.store.postgres import PostgresStore
 from mailsvc.timestamps import iso_time
 
@@ -384,4 +384,89 @@ def test_an_accept_waits_on_postgresql_twice(postgres_database):
         assert [r["status"] for r in shown["recipients"]] == ["queued", "suppressed"]
     finally:
         app.store.shutdown()
+        proxy.close()
+
+
+def test_prepared_statements_outlive_transactions_the_server_refused_midway(config, clock):
+    """Statements are prepared on a connection, often in the pipeline that sends a transaction
+    with its COMMIT. When a rule refuses that transaction midway (a sender domain not
+    verified, credit that has run out), the server skips what followed, the PREPAREs among it:
+    they must not be counted as made (psycopg would, for a statement prepared at its fifth
+    run). One connection, runs of each kind of refusal and refusals between accepted emails:
+    each answered as it should be, none with a statement the server does not have; and the
+    statements are prepared."""
+    config["postgres_pool_size"] = 1
+    app = create_app(config, clock=clock)
+    try:
+        client = Client(app)
+        paying = make_tenant(app, credits=10_000)
+        broke = make_tenant(app, credits=0, domain="broke.example")
+        unverified = email_body(**{"from": "Shop <shop@unverified.example>"})
+        answers: Counter[int] = Counter()
+        accepted = (email_body(), paying, 200)
+        to_two = (email_body(to=["a@example.org", "b@example.org"]), paying, 200)
+        no_credit = (email_body(**{"from": "a@broke.example"}), broke, 402)
+        not_verified = (unverified, paying, 400)
+        runs = [accepted] * 5 + [no_credit] * 8 + [not_verified] * 8 + [accepted, to_two] * 4
+        for body, who, expected in runs + [accepted, not_verified, to_two, no_credit] * 6:
+            sent = client.post("/v1/emails", json=body, headers=who.headers)
+            assert sent.status_code == expected, sent.get_json()
+            answers[sent.status_code] += 1
+        assert answers == {200: 25, 400: 14, 402: 14}
+        with app.store.read() as view:
+            assert sum(view.count_emails_by_status().values()) == 25
+            assert view.get_account(paying.id).credits == 10_000 - 35
+        prepared = app.store._run(
+            lambda c: [row[0] for row in c.execute("SELECT statement FROM pg_prepared_statements")]
+        )
+        assert any(statement.startswith("INSERT INTO emails") for statement in prepared)
+    finally:
+        app.stop(graceful=True, timeout=5)
+
+
+@pytest.mark.parametrize("server_gets_it", [True, False], ids=["committed", "never sent"])
+def test_a_claim_whose_commit_went_unanswered_is_looked_up_not_left_leased(
+    postgres_database, server_gets_it
+):
+    """A connection that breaks while a COMMIT is on its way leaves the transaction in doubt.
+    A claim in doubt, reported as an outage, would leave its emails leased to nobody for a
+    whole lease (two minutes). The store asks the server, on another connection, how that
+    transaction ended (by its id, which came back with the claim's first answer): committed,
+    the claim is handed on; never committed, the claim is made again. Either way each email
+    is claimed once. An accept, whose statements all travel with its COMMIT, has no id back
+    yet: it stays in doubt (a 503; a retry with its Idempotency-Key is safe)."""
+    from .pg_proxy import CountingProxy
+    from .test_store_contract import new_email, sender_domain
+
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_database, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    direct = f"{postgres_database}?options={quote(f'-c search_path={schema}')}"
+    proxy = CountingProxy(direct)
+    store = open_store(proxy.url)
+    try:
+        account = operator.create_account(store, "Doubt", 100)["id"]
+        sender_domain(store, account)
+        for number in range(2):
+            email = new_email(f"em_doubt{number}", account, "a@verified.test")
+            store.write(lambda tx, email=email: tx.enqueue_email(email))
+        proxy.cut(b"COMMIT", server_gets_it)
+        claimed = store.write(lambda tx: tx.claim_due("host-a", time.time(), 60, 1), False)
+        assert proxy.cuts == 1
+        assert [email.id for email in claimed] == ["em_doubt0"]
+        with psycopg.connect(direct) as connection:
+            rows = connection.execute(
+                "SELECT id, status, lease_owner, attempts FROM emails ORDER BY seq"
+            ).fetchall()
+        assert rows == [("em_doubt0", "sending", "host-a", 1), ("em_doubt1", "queued", None, 0)]
+
+        proxy.cut(b"COMMIT", True)  # an accept: nothing of it came back before its COMMIT
+        email = new_email("em_doubt2", account, "a@verified.test")
+        with pytest.raises(StoreOutage):
+            store.write(lambda tx: tx.enqueue_email_or_refuse(email, lambda: ValueError()))
+        assert proxy.cuts == 2
+        with psycopg.connect(direct) as connection:
+            assert connection.execute("SELECT count(*) FROM emails").fetchone() == (3,)
+    finally:
+        store.shutdown()
         proxy.close()

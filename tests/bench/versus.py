@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -36,7 +35,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..servers import Gunicorn, proc_stat
+from ..servers import Gunicorn, cpu_seconds
 from . import openloop
 from .bench import accept_end_to_end
 from .parts import (
@@ -110,11 +109,11 @@ def _measure(
     try:
         body = _templated(server.port, headers) if args.template else email(1)
         workers = server.worker_pids()
-        cpu_before = _cpu_seconds(workers)
+        cpu_before = cpu_seconds(workers)
         accept, (end_to_end, accepted) = accept_end_to_end(
             server, env, sink, headers, args, folder, body
         )
-        cpu_an_email = (_cpu_seconds(workers) - cpu_before) / accepted * 1000
+        cpu_an_email = (cpu_seconds(workers) - cpu_before) / accepted * 1000
         samples = openloop.run(
             "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
@@ -160,15 +159,6 @@ def _templated(port: int, headers: dict[str, str]) -> dict:
     for part in ("html", "text"):  # (the subject stays required; the template's wins)
         body.pop(part)
     return body
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """User and system CPU time of these processes so far."""
-    total = 0
-    for pid in pids:
-        fields = proc_stat(pid)
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _pss_mb(pid: int) -> float:

@@ -58,14 +58,18 @@ _RETRIES = 5
 #: While the server is unreachable, one thread of a process tries to connect at most this often;
 #: the others are answered at once (a 503), not after a wait.
 PROBE_EVERY_SECONDS = 0.5
+#: How long a COMMIT cut off on its way is looked up while its transaction is still finishing.
+IN_DOUBT_SECONDS = 1.0
 #: Connections a piece of work is tried on, while the server closed each before the work
 #: was done (the pool's idle ones are checked after the first).
 _ATTEMPTS = 3
 
 
 class _InDoubt(Exception):
-    """The connection broke while COMMIT was on its way: the transaction may have committed.
-    Never done again (the client is told 503; a retry with its ``Idempotency-Key`` is safe)."""
+    """The connection broke while COMMIT was on its way, and the server could not tell whether
+    the transaction committed (its id had not come back: a job whose statements all travel
+    with the COMMIT, an accept). Never done again (the client is told 503; a retry with its
+    ``Idempotency-Key`` is safe)."""
 
 
 def _unique_violation(exc: BaseException) -> str | None:
@@ -106,38 +110,62 @@ class _Connection:
     one cursor (each verb reads a result before its next statement), which saves psycopg
     making a cursor, with its adapters, for every statement.
 
+    Every statement of the verbs is prepared on a connection the first time it runs there
+    (the server then neither parses nor plans it again: half of what it spends on an accept).
+    Always at its first run, never at a later one: psycopg checks that a PREPARE made in a
+    pipeline took effect only when it goes with the statement's first run (the server skips
+    it when an earlier statement of the pipeline failed), and would otherwise count it as made.
+
     :param begin: the statements that open the transaction, sent with the first statement of
         the job in one message (a round trip saved on every write).
+    :param tracked: ask for the transaction's id along with ``begin`` when the job's first
+        statement waits for its result (so that a COMMIT cut off on its way can be looked up:
+        see :attr:`transaction_id`).
     """
 
-    def __init__(self, connection: psycopg.Connection[Any], begin: Sequence[str] = ()) -> None:
+    def __init__(
+        self, connection: psycopg.Connection[Any], begin: Sequence[str] = (), tracked: bool = False
+    ) -> None:
         self._connection = connection
         self._cursor = connection.cursor()
         self.begin = begin
+        self.tracked = tracked
         self.queued: list[tuple[str, Any]] = []
+        self._transaction: psycopg.Cursor[Any] | None = None
 
     def queue(self, sql: str, params: Any = (), /) -> None:
         self.queued.append((sql, params))
 
     def execute(self, sql: str, params: Any = (), /) -> Any:
         if not self.begin and not self.queued:
-            return self._cursor.execute(_placeholders(sql), params)
-        # After a statement that could fail in the same pipeline, nothing may be prepared: the
-        # server skips a PREPARE there, while psycopg counts it as done.
-        prepare = None if not self.queued else False
+            return self._cursor.execute(_placeholders(sql), params, prepare=True)
         with self._connection.pipeline():
-            self.send_waiting()
-            return self._cursor.execute(_placeholders(sql), params, prepare=prepare)
+            self.send_waiting(track=self.tracked)
+            return self._cursor.execute(_placeholders(sql), params, prepare=True)
 
-    def send_waiting(self) -> None:
+    def send_waiting(self, track: bool = False) -> None:
         """Send what opens the transaction and the queued statements (inside a pipeline, they
-        travel in one message with what follows)."""
+        travel in one message with what follows); with ``track``, the question of the
+        transaction's id after what opens it."""
         begin, self.begin = self.begin, ()
         for statement in begin:
             self._connection.execute(statement, prepare=False)
+        if begin and track:
+            self._transaction = self._connection.execute(
+                "SELECT pg_current_xact_id()::text", prepare=True
+            )
         queued, self.queued = self.queued, []
         for sql, params in queued:
-            self._cursor.execute(_placeholders(sql), params, prepare=False)
+            self._cursor.execute(_placeholders(sql), params, prepare=True)
+
+    @property
+    def transaction_id(self) -> str | None:
+        """The transaction's id, if the server told it before the connection broke."""
+        try:
+            row = self._transaction.fetchone() if self._transaction is not None else None
+        except psycopg.Error:
+            return None
+        return row[0] if row else None
 
     def copy_rows(self, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
         """Rows into a table with ``COPY`` (for moving a whole store)."""
@@ -192,11 +220,16 @@ class PostgresStore:
     @contextmanager
     def read(self) -> Iterator[Reads]:
         snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-        with self._outages(), self._lent(lambda c: c.execute(snapshot)) as connection:
+        with (
+            self._outages(),
+            self._lent(lambda c: c.execute(snapshot, prepare=False)) as connection,
+        ):
             try:
                 yield SqlVerbs(_Connection(connection), DIALECT)
             finally:
-                connection.execute("ROLLBACK")  # nothing to keep: ends the snapshot
+                # Ends the snapshot (it wrote nothing); a ROLLBACK would make psycopg forget
+                # every statement prepared on the connection.
+                connection.execute("COMMIT", prepare=False)
 
     def check_room(self, reserve_bytes: int) -> None:
         pass  # the server's disk cannot be seen from here; a full one refuses (FULL)
@@ -319,7 +352,7 @@ class PostgresStore:
 
         def run(connection: psycopg.Connection[Any]) -> Result:
             self.on_commit([time.perf_counter() - waiting])
-            opened = _Connection(connection, begin)
+            opened = _Connection(connection, begin, tracked=True)
             verbs = SqlVerbs(opened, DIALECT)
             try:
                 result = job(verbs)
@@ -337,6 +370,11 @@ class PostgresStore:
             except psycopg.OperationalError as exc:
                 if not connection.broken:
                     raise
+                outcome = self._outcome_of(opened.transaction_id)
+                if outcome == "committed":
+                    return result
+                if outcome == "aborted":
+                    raise  # nothing was done: the job is done again on another connection
                 raise _InDoubt(_first_line(exc)) from exc
             return result
 
@@ -349,6 +387,30 @@ class PostgresStore:
             time.sleep(random.uniform(0, 0.01 * 2**attempt))
             waiting = time.perf_counter()
         raise AssertionError("unreachable")
+
+    def _outcome_of(self, transaction_id: str | None) -> str | None:
+        """Whether a transaction whose COMMIT was cut off on its way committed: "committed",
+        "aborted", or None when that cannot be told (its id never came back, the server cannot
+        be asked, or it is still finishing after :data:`IN_DOUBT_SECONDS`). A claim told
+        committed is handed on, not left leased to nobody until its lease runs out."""
+        if transaction_id is None:
+            return None
+        deadline = time.monotonic() + IN_DOUBT_SECONDS
+        while True:
+            try:
+                row = self._run(
+                    lambda c: c.execute(
+                        "SELECT pg_xact_status(%s::xid8)", (transaction_id,), prepare=False
+                    ).fetchone()
+                )
+            except (psycopg.Error, PoolTimeout, StoreUnavailable):
+                return None
+            status = row[0] if row else None
+            if status in ("committed", "aborted"):
+                return status
+            if status != "in progress" or time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
 
     def announce_mail(self) -> None:
         """Ask this process's announcer thread to ``NOTIFY`` every host. Announcements made
@@ -471,16 +533,14 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
     of ``verbs.refuse_unless``, names is the refusal it stands for."""
     connection, held_back = opened._connection, verbs.held_back
     if not held_back and not opened.queued and not opened.begin:
-        connection.execute("COMMIT")
+        connection.execute("COMMIT", prepare=False)
         return
     try:
         with connection.pipeline():
             opened.send_waiting()
             cursor = connection.cursor()
-            # Nothing prepared here: a PREPARE in a pipeline that then fails is skipped by the
-            # server, while psycopg counts it as done (and uses it the next time).
             for statement in held_back:
-                cursor.execute(_placeholders(statement.sql), statement.params, prepare=False)
+                cursor.execute(_placeholders(statement.sql), statement.params, prepare=True)
             connection.execute("COMMIT", prepare=False)
     except errors.CheckViolation as exc:
         _roll_back(connection)
@@ -491,8 +551,16 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
 
 
 def _roll_back(connection: psycopg.Connection[Any]) -> None:
-    if not connection.closed and connection.info.transaction_status != pq.TransactionStatus.IDLE:
-        connection.execute("ROLLBACK")
+    """ROLLBACK, sent by libpq itself: psycopg forgets every statement prepared on a connection
+    that rolls back (in case the rollback undid what they name), and mailsvc's transactions
+    create nothing that statements name."""
+    if connection.closed or connection.info.transaction_status == pq.TransactionStatus.IDLE:
+        return
+    result = connection.pgconn.exec_(b"ROLLBACK")
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.OperationalError(
+            f"ROLLBACK: {(result.error_message or b'').decode(errors='replace').strip()}"
+        )
 
 
 def migrate(connection: psycopg.Connection[Any]) -> list[int]:

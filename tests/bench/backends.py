@@ -1,0 +1,119 @@
+"""The same mailsvc on SQLite and on PostgreSQL, side by side: H2 and E2E on each backend.
+
+    python -m tests.bench.backends [--seconds 10] [--rounds 3]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
+
+Each round serves mailsvc (the project's gunicorn.conf.py, delivery running to a sink of the
+round's own) on an SQLite file, then on a PostgreSQL database of the round's own (made and
+dropped), and runs wrk at peak on ``POST /v1/emails`` (the bench's email, one recipient): the
+accepts a second (H2, H2pg) and, once the sink has every email accepted, end to end from wrk's
+start to the last receipt (E2E, E2Epg). For each backend it also reads the CPU time that the
+workers (user and system, from /proc) and the PostgreSQL server's processes spent, an email
+accepted and delivered. The report gives each round and the medians of the ratios. The full
+bench (``tests.bench.bench``) has the same two cases among many; this one gives them alone,
+for the rounds a PostgreSQL change needs. Not a test: run it by hand; numbers are for this
+machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from ..servers import cpu_seconds
+from .bench import accept_end_to_end
+from .parts import Sink, postgres_database, prepare, serve
+
+
+def server_cpu_seconds() -> float:
+    """The CPU time (user and system) of every PostgreSQL server process on this machine."""
+
+    def is_server(pid: str) -> bool:
+        try:
+            return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+        except OSError:
+            return False
+
+    return cpu_seconds(int(pid) for pid in os.listdir("/proc") if pid.isdigit() and is_server(pid))
+
+
+def measure(database: str, sink: Sink, args, folder: Path) -> dict[str, float]:
+    _, key = prepare(database)
+    env = {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
+    server = serve(env, args.workers)
+    try:
+        workers = server.worker_pids()
+        workers_before = cpu_seconds(workers)
+        server_before = server_cpu_seconds()
+        accept, (end_to_end, count) = accept_end_to_end(
+            server, env, sink, {"Authorization": f"Bearer {key}"}, args, folder
+        )
+        workers_cpu = cpu_seconds(workers) - workers_before
+        server_cpu = server_cpu_seconds() - server_before
+    finally:
+        server.stop()
+    return {
+        "accept": accept,
+        "E2E": end_to_end,
+        "workers ms": workers_cpu / count * 1000,
+        "server ms": server_cpu / count * 1000 if database.startswith("postgres") else 0.0,
+    }
+
+
+def one_round(args) -> dict[str, dict[str, float]]:
+    folder = Path(tempfile.mkdtemp(prefix="mailsvc-backends-"))
+    sink = Sink(folder)
+    try:
+        sqlite = measure(str(folder / "bench.sqlite3"), sink, args, folder)
+        with postgres_database(args.postgres_url, "mailsvc_backends") as (_, url):
+            postgres = measure(url, sink, args, folder)
+    finally:
+        sink.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"sqlite": sqlite, "postgresql": postgres}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(
+            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
+    args = parser.parse_args()
+    rounds = []
+    for number in range(args.rounds):
+        figures = one_round(args)
+        rounds.append(figures)
+        print(f"round {number + 1}", flush=True)
+        for backend, values in figures.items():
+            shown = "  ".join(f"{name} {value:8.1f}" for name, value in values.items())
+            print(f"  {backend:<11}{shown}", flush=True)
+
+    def median(backend: str, name: str) -> float:
+        return statistics.median(r[backend][name] for r in rounds)
+
+    def ratio(name: str) -> float:
+        return statistics.median(r["postgresql"][name] / r["sqlite"][name] for r in rounds)
+
+    print("medians")
+    for backend in ("sqlite", "postgresql"):
+        names = rounds[0][backend]
+        shown = "  ".join(f"{name} {median(backend, name):8.2f}" for name in names)
+        print(f"  {backend:<11}{shown}")
+    print(f"  H2pg / H2    {ratio('accept'):6.2f}")
+    print(f"  E2Epg / E2E  {ratio('E2E'):6.2f}")
+
+
+if __name__ == "__main__":
+    main()
