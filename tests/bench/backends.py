@@ -1,6 +1,6 @@
 """The same mailsvc on SQLite and on PostgreSQL, side by side: H2 and E2E on each backend.
 
-    python -m tests.bench.backends [--seconds 10] [--rounds 3]
+    python -m tests.bench.backends [--seconds 10] [--rounds 3] [--hosts]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
 
 Each round serves mailsvc (the project's gunicorn.conf.py, delivery running to a sink of the
@@ -9,7 +9,9 @@ dropped), and runs wrk at peak on ``POST /v1/emails`` (the bench's email, one re
 accepts a second (H2, H2pg) and, once the sink has every email accepted, end to end from wrk's
 start to the last receipt (E2E, E2Epg). For each backend it also reads the CPU time that the
 workers (user and system, from /proc) and the PostgreSQL server's processes spent, an email
-accepted and delivered. The report gives each round and the medians of the ratios. The full
+accepted and delivered. With ``--hosts``, each round also serves one PostgreSQL database from
+one host with two workers, then from two hosts (gunicorn masters) with one worker each, and
+compares their accepts a second. The report gives each round and the medians of the ratios. The full
 bench (``tests.bench.bench``) has the same two cases among many; this one gives them alone,
 for the rounds a PostgreSQL change needs. Not a test: run it by hand; numbers are for this
 machine.
@@ -18,15 +20,17 @@ machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..servers import cpu_seconds
 from .bench import accept_end_to_end
-from .parts import Sink, postgres_database, prepare, serve
+from .parts import Sink, email, postgres_database, prepare, serve, wrk
 
 
 def server_cpu_seconds() -> float:
@@ -64,17 +68,53 @@ def measure(database: str, sink: Sink, args, folder: Path) -> dict[str, float]:
     }
 
 
+def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str, float]:
+    """Accepts a second on one PostgreSQL database: one host with two workers, then two hosts
+    with one worker each; each by two wrk runs at once (both at the one host, or one at each
+    host), so that the load generator costs the same in both."""
+    _, key = prepare(url)
+    env = {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
+    headers, body = {"Authorization": f"Bearer {key}"}, json.dumps(email(1))
+
+    def rate(ports: list[int]) -> float:
+        with ThreadPoolExecutor(len(ports)) as pool:
+            runs = [
+                pool.submit(wrk, port, body, headers, args.seconds, folder / f"wrk{n}")
+                for n, port in enumerate(ports)
+            ]
+            return sum(run.result() for run in runs)
+
+    for n in range(2):
+        (folder / f"wrk{n}").mkdir(exist_ok=True)
+    one = serve(env, 2)
+    try:
+        one_host = rate([one.port, one.port])
+    finally:
+        one.stop()
+    two = [serve(env, 1), serve(env, 1)]
+    try:
+        two_hosts = rate([host.port for host in two])
+    finally:
+        for host in two:
+            host.stop()
+    return {"1 host x 2": one_host, "2 hosts x 1": two_hosts}
+
+
 def one_round(args) -> dict[str, dict[str, float]]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-backends-"))
     sink = Sink(folder)
+    figures: dict[str, dict[str, float]] = {}
     try:
-        sqlite = measure(str(folder / "bench.sqlite3"), sink, args, folder)
+        figures["sqlite"] = measure(str(folder / "bench.sqlite3"), sink, args, folder)
         with postgres_database(args.postgres_url, "mailsvc_backends") as (_, url):
-            postgres = measure(url, sink, args, folder)
+            figures["postgresql"] = measure(url, sink, args, folder)
+        if args.hosts:
+            with postgres_database(args.postgres_url, "mailsvc_hosts") as (_, url):
+                figures["hosts"] = hosts_against_workers(url, sink, args, folder)
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    return {"sqlite": sqlite, "postgresql": postgres}
+    return figures
 
 
 def main() -> None:
@@ -84,6 +124,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument(
+        "--hosts",
+        action="store_true",
+        help="also two hosts x 1 worker against one host x 2 workers, on PostgreSQL (accept)",
+    )
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get(
@@ -107,12 +152,17 @@ def main() -> None:
         return statistics.median(r["postgresql"][name] / r["sqlite"][name] for r in rounds)
 
     print("medians")
-    for backend in ("sqlite", "postgresql"):
+    for backend in rounds[0]:
         names = rounds[0][backend]
         shown = "  ".join(f"{name} {median(backend, name):8.2f}" for name in names)
         print(f"  {backend:<11}{shown}")
     print(f"  H2pg / H2    {ratio('accept'):6.2f}")
     print(f"  E2Epg / E2E  {ratio('E2E'):6.2f}")
+    if args.hosts:
+        hosts = statistics.median(
+            r["hosts"]["2 hosts x 1"] / r["hosts"]["1 host x 2"] for r in rounds
+        )
+        print(f"  two hosts x 1 / one host x 2 (PostgreSQL accept)  {hosts:6.2f}")
 
 
 if __name__ == "__main__":
