@@ -1,6 +1,6 @@
 """The same mailsvc on SQLite and on PostgreSQL, side by side: H2 and E2E on each backend.
 
-    python -m tests.bench.backends [--seconds 10] [--rounds 3] [--hosts]
+    python -m tests.bench.backends [--seconds 10] [--rounds 3] [--hosts] [--due 100000]
         [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
 
 Each round serves mailsvc (the project's gunicorn.conf.py, delivery running to a sink of the
@@ -11,7 +11,9 @@ start to the last receipt (E2E, E2Epg). For each backend it also reads the CPU t
 workers (user and system, from /proc) and the PostgreSQL server's processes spent, an email
 accepted and delivered. With ``--hosts``, each round also serves one PostgreSQL database from
 one host with two workers, then from two hosts (gunicorn masters) with one worker each, and
-compares their accepts a second. The report gives each round and the medians of the ratios. The full
+compares their accepts a second. With ``--due N``, it also times the delivery threads' claim
+of 8 emails (median of 200, each undone) on stores of each backend with N emails due and with
+10 (filled once a run). The report gives each round and the medians of the ratios. The full
 bench (``tests.bench.bench``) has the same two cases among many; this one gives them alone,
 for the rounds a PostgreSQL change needs. Not a test: run it by hand; numbers are for this
 machine.
@@ -20,17 +22,20 @@ machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..servers import cpu_seconds
+from . import scale
 from .bench import accept_end_to_end
-from .parts import Sink, email, postgres_database, prepare, serve, wrk
+from .parts import DOMAIN, Sink, email, postgres_database, prepare, serve, wrk
 
 
 def server_cpu_seconds() -> float:
@@ -100,7 +105,31 @@ def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str,
     return {"1 host x 2": one_host, "2 hosts x 1": two_hosts}
 
 
-def one_round(args) -> dict[str, dict[str, float]]:
+@contextlib.contextmanager
+def due_queues(args, folder: Path) -> Iterator[dict[str, tuple[str, str]]]:
+    """For each backend, a store with ``--due`` emails due and one with 10 (filled once a
+    run)."""
+    with contextlib.ExitStack() as stack:
+        queues = {}
+        for backend in ("sqlite", "postgresql"):
+            made = []
+            for count in (args.due, 10):
+                if backend == "sqlite":
+                    database = str(folder / f"due-{count}.sqlite3")
+                else:
+                    _, database = stack.enter_context(
+                        postgres_database(args.postgres_url, f"mailsvc_due_{count}")
+                    )
+                account_id, _ = prepare(database)
+                scale.fill(database, account_id, DOMAIN, count, due=True)
+                made.append(database)
+            queues[backend] = (made[0], made[1])
+        yield queues
+
+
+def one_round(
+    args, queues: dict[str, tuple[str, str]] | None = None
+) -> dict[str, dict[str, float]]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-backends-"))
     sink = Sink(folder)
     figures: dict[str, dict[str, float]] = {}
@@ -111,6 +140,11 @@ def one_round(args) -> dict[str, dict[str, float]]:
         if args.hosts:
             with postgres_database(args.postgres_url, "mailsvc_hosts") as (_, url):
                 figures["hosts"] = hosts_against_workers(url, sink, args, folder)
+        for backend, (large, small) in (queues or {}).items():
+            figures[f"claim {backend}"] = {
+                f"{args.due} due ms": scale.claim_cost(large) * 1000,
+                "10 due ms": scale.claim_cost(small) * 1000,
+            }
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -125,6 +159,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument(
+        "--due",
+        type=int,
+        default=0,
+        help="also the delivery threads' claim of 8 emails with this many due and with 10",
+    )
+    parser.add_argument(
         "--hosts",
         action="store_true",
         help="also two hosts x 1 worker against one host x 2 workers, on PostgreSQL (accept)",
@@ -137,13 +177,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     rounds = []
-    for number in range(args.rounds):
-        figures = one_round(args)
-        rounds.append(figures)
-        print(f"round {number + 1}", flush=True)
-        for backend, values in figures.items():
-            shown = "  ".join(f"{name} {value:8.1f}" for name, value in values.items())
-            print(f"  {backend:<11}{shown}", flush=True)
+    shared = Path(tempfile.mkdtemp(prefix="mailsvc-backends-queues-"))
+    with contextlib.ExitStack() as stack:
+        queues = stack.enter_context(due_queues(args, shared)) if args.due else None
+        for number in range(args.rounds):
+            figures = one_round(args, queues)
+            rounds.append(figures)
+            print(f"round {number + 1}", flush=True)
+            for backend, values in figures.items():
+                shown = "  ".join(f"{name} {value:8.2f}" for name, value in values.items())
+                print(f"  {backend:<18}{shown}", flush=True)
+    shutil.rmtree(shared, ignore_errors=True)
 
     def median(backend: str, name: str) -> float:
         return statistics.median(r[backend][name] for r in rounds)
@@ -155,7 +199,7 @@ def main() -> None:
     for backend in rounds[0]:
         names = rounds[0][backend]
         shown = "  ".join(f"{name} {median(backend, name):8.2f}" for name in names)
-        print(f"  {backend:<11}{shown}")
+        print(f"  {backend:<18}{shown}")
     print(f"  H2pg / H2    {ratio('accept'):6.2f}")
     print(f"  E2Epg / E2E  {ratio('E2E'):6.2f}")
     if args.hosts:
@@ -163,6 +207,10 @@ def main() -> None:
             r["hosts"]["2 hosts x 1"] / r["hosts"]["1 host x 2"] for r in rounds
         )
         print(f"  two hosts x 1 / one host x 2 (PostgreSQL accept)  {hosts:6.2f}")
+    for backend in ("sqlite", "postgresql") if args.due else ():
+        claim = rounds[0][f"claim {backend}"]
+        large, small = (statistics.median(r[f"claim {backend}"][n] for r in rounds) for n in claim)
+        print(f"  claim with {args.due} due / with 10, {backend}  {large / small:6.2f}")
 
 
 if __name__ == "__main__":
