@@ -404,6 +404,45 @@ def test_an_address_is_suppressed_once(stores):
     assert stores[0].reads.suppressed(owner, ["ALICE@example.org"])["ALICE@example.org"] == kept
 
 
+def test_what_delivery_needs_is_read_at_once_for_several_accounts(stores):
+    """The sending context of a claim of two accounts' emails: each account's subscribed event
+    types (an account with none: empty), the recipients each suppresses (matched in any case,
+    answered as asked, never another account's), and each sender domain's DKIM key (None for
+    a domain that is not verified, or not the account's)."""
+    from mailsvc.store import SigningKey, Webhook
+
+    store = stores[0]
+    hooked, plain = account(store, name="acc_hooked"), account(store, name="acc_plain")
+    sender_domain(store, hooked, "hooked.test")
+    sender_domain(store, plain, "plain.test")
+    key = new_signing_key(1024)
+    store.write(lambda tx: tx.add_domain("dom_u", plain, "unverified.test", False, key, 0.0, "t"))
+    for n, (status, events) in enumerate(
+        [("enabled", ("email.sent", "email.bounced")), ("disabled", ("email.opened",))]
+    ):
+        hook = Webhook(f"wh_ctx{n}", hooked, f"https://h{n}.test/", events, status, None,
+                       b"sealed", None, None, 0.0, 0.0)  # fmt: skip
+        store.write(lambda tx, hook=hook: tx.create_webhook(hook))
+    for owner, address in ((hooked, "Gone@example.org"), (plain, "left@example.org")):
+        store.write(
+            lambda tx, o=owner, a=address: tx.add_suppression(o, a, "manual", None, None, 1.0)
+        )
+    context = store.reads.sending_context(
+        {hooked: ["GONE@example.org", "left@example.org"], plain: ["left@example.org"]},
+        [(hooked, "hooked.test"), (plain, "plain.test"), (plain, "unverified.test"),
+         (plain, "hooked.test")],
+    )  # fmt: skip
+    assert context.subscribed == {hooked: {"email.sent", "email.bounced"}, plain: frozenset()}
+    assert list(context.suppressed[hooked]) == ["GONE@example.org"]
+    assert context.suppressed[hooked]["GONE@example.org"].address == "gone@example.org"
+    assert list(context.suppressed[plain]) == ["left@example.org"]
+    assert isinstance(context.keys[(hooked, "hooked.test")], SigningKey)
+    assert context.keys[(plain, "plain.test")] != context.keys[(hooked, "hooked.test")]
+    assert context.keys[(plain, "unverified.test")] is None
+    assert context.keys[(plain, "hooked.test")] is None
+    assert store.reads.sending_context({}, []) == type(context)({}, {}, {})
+
+
 def hooked_account(store: Store, endpoints: int = 4) -> str:
     from mailsvc.store import Webhook
 

@@ -14,7 +14,7 @@ on both.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
@@ -32,6 +32,7 @@ from .records import (
     IdempotentRequest,
     NewEmail,
     Recipient,
+    SendingContext,
     SigningKey,
     Suppression,
     Template,
@@ -111,10 +112,6 @@ class Reads(Protocol):
 
     def is_domain_verified(self, account_id: str, name: str) -> bool: ...
 
-    def signing_key(self, account_id: str, name: str) -> SigningKey | None:
-        """The DKIM key of the account's verified domain of this name, if it has one."""
-        ...
-
     # -- emails -------------------------------------------------------------------------
 
     def get_email(self, account_id: str, email_id: str) -> EmailRecord | None:
@@ -167,8 +164,14 @@ class Reads(Protocol):
 
     def count_webhooks(self, account_id: str) -> int: ...
 
-    def subscribed_events(self, account_ids: Sequence[str]) -> dict[str, frozenset[str]]:
-        """The event types each account's enabled endpoints want (empty: none)."""
+    def sending_context(
+        self, recipients: Mapping[str, Sequence[str]], senders: Sequence[tuple[str, str]]
+    ) -> SendingContext:
+        """What delivery needs to send claimed emails, in one read: the event types that each
+        account's enabled endpoints want (every account named in either argument); which of
+        ``recipients[account]`` each account suppresses (as :meth:`suppressed`); and the DKIM
+        key of each ``(account, sender domain)`` of ``senders`` that is verified and has one
+        (else None)."""
         ...
 
     def list_webhook_deliveries(

@@ -131,14 +131,6 @@ class DomainVerbs:
             ).fetchone()
         return self._domain(row) if row else None
 
-    def signing_key(self, account_id: str, name: str) -> SigningKey | None:
-        row = self.connection.execute(
-            "SELECT dkim_selector, dkim_private_key FROM domains WHERE account_id = ? "
-            "AND name = ? AND verified_at IS NOT NULL AND dkim_private_key IS NOT NULL",
-            (account_id, name),
-        ).fetchone()
-        return SigningKey(row[0], row[1]) if row else None
-
     def is_domain_verified(self, account_id: str, name: str) -> bool:
         row = self.connection.execute(
             "SELECT 1 FROM domains WHERE account_id = ? AND name = ? AND verified_at IS NOT NULL",

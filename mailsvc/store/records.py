@@ -15,6 +15,18 @@ class SigningKey:
 
 
 @dataclass(frozen=True)
+class SendingContext:
+    """What delivery needs to send claimed emails, besides the emails themselves."""
+
+    #: The event types each account's enabled webhook endpoints want (empty: none).
+    subscribed: dict[str, frozenset[str]]
+    #: Of each account's recipients asked about, those it suppresses, by address as asked.
+    suppressed: dict[str, dict[str, Suppression]]
+    #: The DKIM key of each (account, sender domain) asked about; None without one.
+    keys: dict[tuple[str, str], SigningKey | None]
+
+
+@dataclass(frozen=True)
 class Account:
     id: str
     name: str

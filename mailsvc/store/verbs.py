@@ -14,6 +14,7 @@ from .idempotency import IdempotencyVerbs
 from .maintenance import OperationVerbs
 from .queue import QueueVerbs
 from .reports import ReportVerbs
+from .sending_context import SendingContextVerbs
 from .service_secrets import SecretVerbs
 from .sql import Connection, Contended, Dialect
 from .suppressions import SuppressionVerbs
@@ -28,6 +29,7 @@ class SqlVerbs(
     QueueVerbs,
     ReportVerbs,
     SuppressionVerbs,
+    SendingContextVerbs,
     WebhookVerbs,
     TemplateVerbs,
     IdempotencyVerbs,

@@ -173,20 +173,6 @@ class WebhookVerbs:
             for row in rows
         ]
 
-    def subscribed_events(self, account_ids: Sequence[str]) -> dict[str, frozenset[str]]:
-        """The event types each account's enabled endpoints want."""
-        if not account_ids:
-            return {}
-        wanted: dict[str, set[str]] = {account: set() for account in account_ids}
-        for account_id, event_type in self.connection.execute(
-            f"SELECT s.account_id, s.event_type FROM webhook_subscriptions s "
-            f"WHERE s.account_id IN ({marks(len(account_ids))}) AND EXISTS (SELECT 1 "
-            f"FROM webhooks w WHERE w.id = s.webhook_id AND w.status = ?)",
-            (*account_ids, ENABLED),
-        ).fetchall():
-            wanted[account_id].add(event_type)
-        return {account: frozenset(types) for account, types in wanted.items()}
-
     # -- events and deliveries ----------------------------------------------------------------
 
     def add_webhook_events(

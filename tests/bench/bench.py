@@ -167,7 +167,9 @@ def bench_drain(args, folder, sink, env, account_id) -> dict:
                     created_at=now,
                 )
             )
-        return tx.get_email(account_id, email_id), tx.signing_key(account_id, DOMAIN)
+        return tx.get_email(account_id, email_id), tx.sending_context(
+            {}, [(account_id, DOMAIN)]
+        ).keys[(account_id, DOMAIN)]
 
     record, key = store.write(fill)
     store.shutdown()
