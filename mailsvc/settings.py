@@ -314,10 +314,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "body_min_bytes_per_second",
         32_768,
-        "Least rate a request body must arrive at, on average, after its first 10 s; a slower "
-        "one is refused with 408 and its connection closed, so that a client that trickles its "
-        "body cannot hold a thread (or a place for a large body) for long.",
+        "Least rate a request body must arrive at, on average, after its first "
+        "`MAILSVC_BODY_GRACE_SECONDS`; a slower one is refused with 408 and its connection "
+        "closed, so that a client that trickles its body cannot hold a thread (or a place for a "
+        "large body) for long.",
         _positive_int,
+    ),
+    Setting(
+        "body_grace_seconds",
+        10.0,
+        "How long a request body (or a message over SMTP) may take before it must keep arriving "
+        "at `MAILSVC_BODY_MIN_BYTES_PER_SECOND`.",
+        _positive_float,
     ),
     Setting(
         "max_body_bytes",

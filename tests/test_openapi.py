@@ -17,7 +17,6 @@ from openapi_spec_validator import validate
 from werkzeug.test import Client
 
 from mailsvc import create_app, operator
-from mailsvc.http import inputs
 from mailsvc.http.openapi import build, route_template
 from mailsvc.ops.version import installed
 from mailsvc.routes import URL_MAP
@@ -166,9 +165,7 @@ class Trickling:
         return self._data.read(size)
 
 
-def produce(
-    world: World, method: str, path: str, status: int, monkeypatch: pytest.MonkeyPatch
-) -> int:
+def produce(world: World, method: str, path: str, status: int) -> int:
     """Make the app answer this operation with this status: one way for every operation of a
     kind (401, 429, 404, 403, 400, 413, 415, 422, 503), else the operation's own."""
     call = world.call
@@ -251,7 +248,7 @@ def produce(
         ).status_code
     if status == 408:  # the body does not arrive at the least rate
         world.app.settings["body_min_bytes_per_second"] = 1_000_000_000
-        monkeypatch.setattr(inputs, "GRACE_SECONDS", 0.0)
+        world.app.settings["body_grace_seconds"] = 0.0
         data = json.dumps(body if body is not None else {}).encode()
         slow = {"wsgi.input": Trickling(data), "CONTENT_LENGTH": str(len(data))}
         return call(
@@ -277,10 +274,10 @@ def produce(
 )
 @pytest.mark.sqlite_only
 def test_every_documented_status_is_produced(
-    config, clock, backend, method, path, status, tmp_path, monkeypatch
+    config, clock, backend, method, path, status, tmp_path
 ):
     world = World(config, clock, tmp_path)
-    assert produce(world, method, path, int(status), monkeypatch) == int(status)
+    assert produce(world, method, path, int(status)) == int(status)
 
 
 def test_the_document_is_built_and_encoded_once(app, monkeypatch):

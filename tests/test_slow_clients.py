@@ -197,6 +197,7 @@ def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_
         "MAILSVC_DATABASE": path,
         "MAILSVC_LARGE_BODIES_PER_PROCESS": "2",
         "MAILSVC_BODY_MIN_BYTES_PER_SECOND": "1024",
+        "MAILSVC_BODY_GRACE_SECONDS": "4",
         "MAILSVC_METRICS_TOKEN": "t0ken-of-the-test",
     }
     server = Gunicorn(settings, workers=1).start()
@@ -230,8 +231,8 @@ def test_a_trickled_body_is_cut_off_and_frees_its_place_for_a_large_body(served_
     finally:
         stop.set()
         server.stop()
-    # Cut off once the grace (10 s) and the least rate were past them, with a 408 each.
-    assert cut_after < 15, cut_after
+    # Cut off once the grace (4 s) and the least rate were past them, with a 408 each.
+    assert cut_after < 9, cut_after
     assert len(answers) == 2
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 408"), answer[:300]

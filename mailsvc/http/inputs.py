@@ -5,8 +5,8 @@ The body is read from the WSGI stream here, not through Werkzeug's request, and 
 ``max_body_bytes``: a body announced larger is a 413 before a byte of it is read; a chunked body
 is read to one byte past the limit, and a 413 if it has that byte (instead of being cut short
 and accepted); a chunked body that does not parse, or one that ends before its
-``Content-Length``, is a 400. A body must keep arriving: after :data:`GRACE_SECONDS`, at
-``MAILSVC_BODY_MIN_BYTES_PER_SECOND`` on average, or it is a 408 and the connection is closed
+``Content-Length``, is a 400. A body must keep arriving: after ``MAILSVC_BODY_GRACE_SECONDS``,
+at ``MAILSVC_BODY_MIN_BYTES_PER_SECOND`` on average, or it is a 408 and the connection is closed
 (:mod:`.deadlines` ends the wait), so a client that trickles its body holds a thread, and a
 place for a large body, for a bounded time.
 
@@ -36,12 +36,19 @@ from .endpoints import Endpoint
 from .validation import Schemas
 
 _CHUNK = 65536
-#: Seconds a body's first bytes may take, before it is held to its least rate.
-GRACE_SECONDS = 10.0
 #: How much of a refused request's body is read and thrown away so that its client can read
 #: the answer, at most, beyond the largest body the service takes, and for how long.
 DISCARD_BYTES = 16 * 1024 * 1024
 DISCARD_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How fast a body must arrive: after ``grace_seconds``, ``least_rate`` bytes a second on
+    average (the settings ``body_grace_seconds`` and ``body_min_bytes_per_second``)."""
+
+    least_rate: int
+    grace_seconds: float
 
 
 @dataclass(frozen=True)
@@ -63,9 +70,7 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         document: Any = _query(request)
     else:
         limit = settings.max_send_body_bytes if endpoint.large_body else settings.max_body_bytes
-        document = _body(
-            request, limit, endpoint.schema in schemas.arrays, settings.body_min_bytes_per_second
-        )
+        document = _body(request, limit, endpoint.schema in schemas.arrays, _pace(settings))
     value = check_document(document, endpoint, schemas, settings)
     return Input({"query" if from_query else "body": value}, document)
 
@@ -103,10 +108,14 @@ def _query(request: Request) -> dict[str, str]:
     return request.args.to_dict()
 
 
-def _body(request: Request, max_bytes: int, array: bool, least_rate: int) -> Any:
+def _pace(settings: Settings) -> Pace:
+    return Pace(settings.body_min_bytes_per_second, settings.body_grace_seconds)
+
+
+def _body(request: Request, max_bytes: int, array: bool, pace: Pace) -> Any:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("Content-Type: must be application/json")
-    raw = read_body(request.environ, max_bytes, least_rate)
+    raw = read_body(request.environ, max_bytes, pace)
     expected = "a JSON array" if array else "a JSON object"
     if not raw:
         raise ValidationFailed(f"body: must be {expected}")
@@ -116,15 +125,14 @@ def _body(request: Request, max_bytes: int, array: bool, least_rate: int) -> Any
     return document
 
 
-def read_body(environ: dict[str, Any], max_bytes: int, least_rate: int) -> bytes:
-    """The request body, at most ``max_bytes`` of it, arriving at ``least_rate`` bytes a
-    second at least (after :data:`GRACE_SECONDS`).
+def read_body(environ: dict[str, Any], max_bytes: int, pace: Pace) -> bytes:
+    """The request body, at most ``max_bytes`` of it, arriving as fast as ``pace`` asks.
 
     :raises BodyTooLarge: the body is larger.
     :raises BodyTooSlow: it arrives more slowly.
     :raises ValidationFailed: it cannot be read (a malformed chunked body, a short one).
     """
-    stream = _Paced(environ, least_rate)
+    stream = _Paced(environ, pace)
     declared = environ.get("CONTENT_LENGTH") or ""
     too_large = BodyTooLarge(f"body: larger than {max_bytes} bytes")
     if declared:
@@ -149,16 +157,17 @@ class _Paced:
     """The body's stream, each piece read by its deadline: the grace, and what has arrived
     at the least rate."""
 
-    def __init__(self, environ: dict[str, Any], least_rate: int) -> None:
+    def __init__(self, environ: dict[str, Any], pace: Pace) -> None:
         self._stream = environ["wsgi.input"]
         self._sock = environ.get("gunicorn.socket")
-        self._least_rate = least_rate
+        self._least_rate = pace.least_rate
+        self._grace = pace.grace_seconds
         self._started = time.monotonic()
         self._arrived = 0
 
     def read(self, size: int) -> bytes:
         size = min(size, max(1024, self._least_rate))  # a second's worth: a near deadline
-        due = self._started + GRACE_SECONDS + (self._arrived + size) / self._least_rate
+        due = self._started + self._grace + (self._arrived + size) / self._least_rate
         with WATCHDOG.deadline(self._sock, due) as deadline:
             try:
                 part = self._stream.read(size)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..app import MailService
+from ..http.inputs import Pace
 from ..ops import metrics
 from ..settings import Settings
 from .session import Connections, SubmissionSession
@@ -73,7 +74,7 @@ class SubmissionServer:
             self.transactions,
             self.connections,
             ordinary_limit=self.settings.max_body_bytes,
-            least_rate=self.settings.body_min_bytes_per_second,
+            pace=Pace(self.settings.body_min_bytes_per_second, self.settings.body_grace_seconds),
             data_size_limit=self.settings.max_send_body_bytes,
             hostname=self.hostname,
             ident="mailsvc submission",

@@ -24,7 +24,7 @@ from typing import Any
 
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from ..http.inputs import GRACE_SECONDS
+from ..http.inputs import Pace
 from ..ops import metrics
 from .replies import Reply, reply_for
 from .transactions import Login, MailTransactions, Transaction
@@ -110,7 +110,7 @@ class SubmissionSession(SMTP):
     :param transactions: the rules.
     :param connections: the process's connections, to be let in.
     :param ordinary_limit: the size past which a message needs a place for a large body.
-    :param least_rate: bytes a second a message must arrive at, on average, after the grace.
+    :param pace: how fast a message must arrive (after its grace, at its least rate).
     """
 
     def __init__(
@@ -119,7 +119,7 @@ class SubmissionSession(SMTP):
         connections: Connections,
         *,
         ordinary_limit: int,
-        least_rate: int,
+        pace: Pace,
         **options: Any,
     ) -> None:
         super().__init__(
@@ -133,7 +133,7 @@ class SubmissionSession(SMTP):
         self.transactions = transactions
         self.connections = connections
         self.ordinary_limit = ordinary_limit
-        self.least_rate = least_rate
+        self.pace = pace
         self._client = ""
         self._let_in = False
         self._errors = 0
@@ -317,7 +317,7 @@ class _Data:
                     self.envelope.held_large = True
                 except Exception as exc:
                     self._refuse(reply_for(exc))
-        if self._size - self._paced_at >= min(_PACE_EVERY, self.session.least_rate):
+        if self._size - self._paced_at >= min(_PACE_EVERY, self.session.pace.least_rate):
             self._pace(loop)
 
     def _refuse(self, reply: Reply) -> None:
@@ -330,10 +330,10 @@ class _Data:
         self._paced_at = self._size
         if self._deadline is not None:
             self._deadline.cancel()
-        least = self.session.least_rate
+        pace = self.session.pace
         # What has arrived, at the least rate, after the grace (and a second's worth more:
         # the next look comes once a second's worth has arrived).
-        due = self._started + GRACE_SECONDS + self._size / least + 1.0
+        due = self._started + pace.grace_seconds + self._size / pace.least_rate + 1.0
         self._deadline = loop.call_at(
             loop.time() + max(0.0, due - time.monotonic()), self._too_slow
         )
@@ -341,6 +341,6 @@ class _Data:
 
     def _too_slow(self) -> None:
         self.session.close(
-            f"421 4.4.2 the message arrived at less than {self.session.least_rate} bytes a "
+            f"421 4.4.2 the message arrived at less than {self.session.pace.least_rate} bytes a "
             "second (MAILSVC_BODY_MIN_BYTES_PER_SECOND); closing"
         )
