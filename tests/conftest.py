@@ -29,13 +29,11 @@ from mailsvc import create_app, operator
 from mailsvc.app import MailService
 from mailsvc.store import Store, open_store
 
+from .servers import POSTGRES_URL
 from .smtp_sink import SmtpSink
 from .webhook_receiver import Receiver
 
 VERIFIED = "verified.test"
-POSTGRES_URL = os.environ.get(
-    "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 BACKENDS = ("sqlite", "postgresql")
 
 

@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The PostgreSQL server the tests and benchmarks make their databases on.
+POSTGRES_URL = os.environ.get(
+    "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 
 
 def free_port() -> int:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..servers import cpu_seconds
+from ..servers import POSTGRES_URL, cpu_seconds
 from . import scale
 from .bench import accept_end_to_end
 from .parts import DOMAIN, Sink, email, postgres_database, prepare, serve, wrk
@@ -171,23 +171,23 @@ def main() -> None:
     )
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get(
-            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
+        default=POSTGRES_URL,
     )
     args = parser.parse_args()
     rounds = []
     shared = Path(tempfile.mkdtemp(prefix="mailsvc-backends-queues-"))
-    with contextlib.ExitStack() as stack:
-        queues = stack.enter_context(due_queues(args, shared)) if args.due else None
-        for number in range(args.rounds):
-            figures = one_round(args, queues)
-            rounds.append(figures)
-            print(f"round {number + 1}", flush=True)
-            for backend, values in figures.items():
-                shown = "  ".join(f"{name} {value:8.2f}" for name, value in values.items())
-                print(f"  {backend:<18}{shown}", flush=True)
-    shutil.rmtree(shared, ignore_errors=True)
+    try:
+        with contextlib.ExitStack() as stack:
+            queues = stack.enter_context(due_queues(args, shared)) if args.due else None
+            for number in range(args.rounds):
+                figures = one_round(args, queues)
+                rounds.append(figures)
+                print(f"round {number + 1}", flush=True)
+                for backend, values in figures.items():
+                    shown = "  ".join(f"{name} {value:8.2f}" for name, value in values.items())
+                    print(f"  {backend:<18}{shown}", flush=True)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
 
     def median(backend: str, name: str) -> float:
         return statistics.median(r[backend][name] for r in rounds)
@@ -208,9 +208,11 @@ def main() -> None:
         )
         print(f"  two hosts x 1 / one host x 2 (PostgreSQL accept)  {hosts:6.2f}")
     for backend in ("sqlite", "postgresql") if args.due else ():
-        claim = rounds[0][f"claim {backend}"]
-        large, small = (statistics.median(r[f"claim {backend}"][n] for r in rounds) for n in claim)
-        print(f"  claim with {args.due} due / with 10, {backend}  {large / small:6.2f}")
+        large, small = rounds[0][f"claim {backend}"]  # (the names of the two figures)
+        claim = statistics.median(
+            r[f"claim {backend}"][large] / r[f"claim {backend}"][small] for r in rounds
+        )
+        print(f"  claim with {args.due} due / with 10, {backend}  {claim:6.2f}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import smtplib
 import sys
@@ -48,6 +47,7 @@ from mailsvc.mail.dkim import SigningKey, sign_message
 from mailsvc.mail.message import build_message
 from mailsvc.store import NewEmail, NewRecipient, Writes, open_store
 
+from ..servers import POSTGRES_URL
 from . import cases, openloop, postfix
 from .parts import (
     DOMAIN,
@@ -281,9 +281,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get(
-            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
+        default=POSTGRES_URL,
         help="a PostgreSQL server where each round creates (and drops) a database of its own",
     )
     parser.add_argument(

@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from ..servers import POSTGRES_URL
 from . import openloop
 from .parts import Sink, email, percentile, postgres_database, prepare, serve
 
@@ -84,9 +84,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get(
-            "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-        ),
+        default=POSTGRES_URL,
     )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-handoff-"))
