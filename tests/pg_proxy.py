@@ -11,6 +11,11 @@ import threading
 from urllib.parse import urlsplit, urlunsplit
 
 
+#: The server's ReadyForQuery message ('Z', its length, a status byte): it has answered all that
+#: came before the client's Sync.
+_READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+
+
 class CountingProxy:
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -75,19 +80,35 @@ class CountingProxy:
         selector.register(client, selectors.EVENT_READ, "client")
         selector.register(server, selectors.EVENT_READ, "server")
         heard = True  # the first message is the client's own (its start-up)
+        # Cut once the server has answered: what the client sends still goes to the server,
+        # whose answers are kept from the client until it is ready for a query again (the
+        # client may send the rest of its messages, such as the Sync that asks the server
+        # to answer, in further writes: waiting for an answer before reading them would wait
+        # for ever).
+        answered = b""
+        swallowing = False
         try:
             while True:
                 for key, _ in selector.select():
                     data = key.fileobj.recv(65536)
                     if not data:
                         return
+                    if swallowing:
+                        if key.data == "client":
+                            server.sendall(data)
+                            continue
+                        answered = (answered + data)[-64:]
+                        if _READY_FOR_QUERY in answered:
+                            return
+                        continue
                     if key.data == "client":
                         cut = self._cut_here(data)
                         if cut is not None:
-                            if cut[1]:
-                                server.sendall(data)
-                                server.recv(65536)  # its answer, kept from the client
-                            return
+                            if not cut[1]:
+                                return
+                            server.sendall(data)
+                            swallowing = True
+                            continue
                         with self._lock:
                             if heard:
                                 self.trips.append(data)
