@@ -10,7 +10,6 @@ import socket
 import threading
 from urllib.parse import urlsplit, urlunsplit
 
-
 #: The server's ReadyForQuery message ('Z', its length, a status byte): it has answered all that
 #: came before the client's Sync.
 _READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
