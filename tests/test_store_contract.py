@@ -443,6 +443,68 @@ def test_what_delivery_needs_is_read_at_once_for_several_accounts(stores):
     assert store.reads.sending_context({}, []) == type(context)({}, {}, {})
 
 
+def test_a_claim_to_send_holds_the_emails_and_what_sending_them_needs(stores):
+    """What a delivery thread claims on either backend (one statement on PostgreSQL): the
+    emails as :meth:`claim_due` leases them, with their recipients, tags and attachments, and
+    the sending context of exactly those emails: each account's subscribed event types, the
+    suppressed recipients among those that wait for an attempt (as the email has them), and each
+    sender domain's DKIM key (None for one without)."""
+    from mailsvc.store import Attachment, NewRecipient, SigningKey, Webhook
+
+    store = stores[0]
+    hooked, plain = account(store, name="acc_hooked"), account(store, name="acc_plain")
+    sender_domain(store, hooked, "hooked.test")
+    hook = Webhook("wh_claim", hooked, "https://h.test/", ("email.sent",), "enabled", None,
+                   b"sealed", None, None, 0.0, 0.0)  # fmt: skip
+    store.write(lambda tx: tx.create_webhook(hook))
+    for owner, address in ((hooked, "gone@example.org"), (hooked, "held@example.org")):
+        store.write(
+            lambda tx, o=owner, a=address: tx.add_suppression(o, a, "manual", None, None, 1.0)
+        )
+    first = new_email(
+        "em_first",
+        hooked,
+        "a@hooked.test",
+        recipients=(
+            NewRecipient("Gone@Example.org", "to", "Gone"),
+            NewRecipient("keep@example.org", "cc"),
+            NewRecipient("held@example.org", "bcc", None, "suppressed", "held at accept"),
+        ),
+        tags=(("kind", "receipt"), ("plan", "pro")),
+        attachments=(Attachment("a.txt", "text/plain", b"hello"),),
+    )
+    sender_domain(store, plain, "deleted.test")  # deleted once its email is queued
+    second = new_email(
+        "em_second", plain, "b@deleted.test", 2.0,
+        recipients=(NewRecipient("gone@example.org"),),
+    )  # fmt: skip
+    for email in (first, second):
+        store.write(lambda tx, email=email: tx.enqueue_email(email))
+    assert store.write(lambda tx: tx.delete_domain(plain, "dom_deleted.test"))
+    emails, context = store.write(lambda tx: tx.claim_to_send("me", 100.0, 60.0, 10))
+    assert sorted(e.id for e in emails) == ["em_first", "em_second"]
+    got = {e.id: e for e in emails}["em_first"]
+    assert got == store.reads.get_email(hooked, "em_first")
+    assert [(r.address, r.kind, r.name, r.status) for r in got.recipients] == [
+        ("Gone@Example.org", "to", "Gone", "queued"),
+        ("keep@example.org", "cc", None, "queued"),
+        ("held@example.org", "bcc", None, "suppressed"),
+    ]
+    assert got.tags == (("kind", "receipt"), ("plan", "pro"))
+    assert [(a.filename, a.size) for a in got.attachments] == [("a.txt", 5)]
+    assert (got.status, got.attempts, got.due_at) == ("sending", 1, 160.0)
+    assert context.subscribed == {hooked: {"email.sent"}, plain: frozenset()}
+    assert list(context.suppressed[hooked]) == ["Gone@Example.org"]
+    assert context.suppressed[hooked]["Gone@Example.org"].address == "gone@example.org"
+    assert context.suppressed[plain] == {}
+    assert isinstance(context.keys[(hooked, "hooked.test")], SigningKey)
+    assert context.keys[(plain, "deleted.test")] is None
+    assert store.write(lambda tx: tx.claim_to_send("other", 100.0, 60.0, 10)) == (
+        [],
+        type(context)({}, {}, {}),
+    )
+
+
 def hooked_account(store: Store, endpoints: int = 4) -> str:
     from mailsvc.store import Webhook
 

@@ -136,28 +136,22 @@ class DeliveryPool(LeasedPool[Claimed]):
         ended, more = self._outages_ended, False
         if ended > self._outages_done:
             more = tx.due_again_after_outage(now, DUE_AGAIN_AT_ONCE) == DUE_AGAIN_AT_ONCE
-        emails = tx.claim_due(self.owner, now, self.lease_seconds, wanted, self.leases_cutoff())
+        emails, known = tx.claim_to_send(
+            self.owner, now, self.lease_seconds, wanted, self.leases_cutoff()
+        )
         next_due = tx.next_due_at() if len(emails) < wanted else None
         with_files = [email.seq for email in emails if email.attachments]
         files = tx.attachment_contents(with_files) if with_files else {}
-        pending: dict[str, set[str]] = {}
-        for email in emails:
-            addresses = (r.address for r in email.recipients if r.status not in statuses.FINAL)
-            pending.setdefault(email.account_id, set()).update(addresses)
-        batch = []
-        if emails:  # (one read for every email of the claim)
-            senders = sorted({(e.account_id, _domain_of(e.sender_address)) for e in emails})
-            known = tx.sending_context({a: sorted(r) for a, r in pending.items()}, senders)
-            batch = [
-                Claimed(
-                    email,
-                    known.keys[(email.account_id, _domain_of(email.sender_address))],
-                    files.get(email.seq, []),
-                    known.suppressed[email.account_id],
-                    known.subscribed[email.account_id],
-                )
-                for email in emails
-            ]
+        batch = [
+            Claimed(
+                email,
+                known.keys[(email.account_id, _domain_of(email.sender_address))],
+                files.get(email.seq, []),
+                known.suppressed[email.account_id],
+                known.subscribed[email.account_id],
+            )
+            for email in emails
+        ]
         if not more:  # (set last: a job that fails here leaves the outage to the next claim)
             self._outages_done = max(self._outages_done, ended)
         return batch, next_due

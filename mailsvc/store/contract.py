@@ -428,6 +428,20 @@ class Writes(Reads, Protocol):
         while the store was out: its holder renews it, or records its outcome, once it can)."""
         ...
 
+    def claim_to_send(
+        self,
+        owner: str,
+        now: float,
+        lease_seconds: float,
+        limit: int = 1,
+        leases_ended_before: float | None = None,
+    ) -> tuple[list[EmailRecord], SendingContext]:
+        """:meth:`claim_due`, with what sending the claimed emails needs: as
+        :meth:`sending_context` answers for their recipients that wait for an attempt (each
+        account's, as the email has them) and their ``(account, sender domain)``. On
+        PostgreSQL, one statement."""
+        ...
+
     def finish_attempt(
         self,
         seq: int,

@@ -8,13 +8,12 @@ from typing import Any
 
 from .accounts import AccountVerbs
 from .api_keys import KeyVerbs
+from .claims import ClaimVerbs
 from .dashboard_sessions import DashboardSessionVerbs
 from .domains import DomainVerbs
 from .idempotency import IdempotencyVerbs
 from .maintenance import OperationVerbs
-from .queue import QueueVerbs
 from .reports import ReportVerbs
-from .sending_context import SendingContextVerbs
 from .service_secrets import SecretVerbs
 from .sql import Connection, Contended, Dialect
 from .suppressions import SuppressionVerbs
@@ -26,10 +25,9 @@ class SqlVerbs(
     AccountVerbs,
     KeyVerbs,
     DomainVerbs,
-    QueueVerbs,
+    ClaimVerbs,
     ReportVerbs,
     SuppressionVerbs,
-    SendingContextVerbs,
     WebhookVerbs,
     TemplateVerbs,
     IdempotencyVerbs,

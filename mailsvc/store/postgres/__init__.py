@@ -96,6 +96,7 @@ DIALECT = Dialect(
     from_json=lambda value: value,  # psycopg reads jsonb as Python data
     holds_back_contended=True,
     queues_statements=True,
+    updates_in_queries=True,
 )
 
 
