@@ -10,6 +10,7 @@ from werkzeug.test import Client
 
 from mailsvc import create_app
 from mailsvc.mail.message import build_message
+from mailsvc.store import LeaseLost
 
 from .conftest import VERIFIED, count_by_status, email_body, make_tenant, wait_until
 
@@ -225,12 +226,13 @@ def test_lease_keeps_others_away_until_it_expires(relayed, clock):
     assert again.id == email_id and again.attempts == 2
 
     def finish(owner):
-        return store.write(
-            lambda tx: tx.finish_attempt(claimed.seq, owner, "sent", [], clock(), None, None)
-        )
+        store.write(lambda tx: tx.finish_attempt(again, owner, "sent", [], clock(), None, None))
 
-    assert not finish("worker-a")
-    assert finish("worker-b")
+    with pytest.raises(LeaseLost):
+        finish("worker-a")
+    assert store.reads.get_email(again.account_id, email_id).status == "sending"
+    finish("worker-b")
+    assert store.reads.get_email(again.account_id, email_id).status == "sent"
 
 
 def test_without_a_relay_mail_goes_to_the_maildir(app, config):

@@ -19,6 +19,7 @@ from mailsvc.store import (
     DomainExists,
     DomainTaken,
     EmailFilter,
+    LeaseLost,
     NewEmail,
     NewRecipient,
     Recipient,
@@ -643,7 +644,7 @@ def test_emails_waiting_for_the_relay_are_made_due_once(stores):
             tx.enqueue_email(new_email(email_id, owner, "a@verified.test", created_at=100.0))
 
     store.write(enqueue)
-    seqs = {e.id: e.seq for e in store.write(lambda tx: tx.claim_due("me", 200.0, 60.0, 100))}
+    seqs = {e.id: e for e in store.write(lambda tx: tx.claim_due("me", 200.0, 60.0, 100))}
     assert len(seqs) == 34
     outcomes = {email_id: ("deferred", 3800.0, True) for email_id in waiting} | {
         "em_refused": ("deferred", 3800.0, False),  # the relay answered 4xx: its retry stands
@@ -654,7 +655,7 @@ def test_emails_waiting_for_the_relay_are_made_due_once(stores):
 
     def finish(tx: Any) -> None:
         for email_id, (status, due_at, unreached) in outcomes.items():
-            assert tx.finish_attempt(
+            tx.finish_attempt(
                 seqs[email_id], "me", status, [], 200.0, due_at, "refused", 0, unreached
             )
 
@@ -676,9 +677,7 @@ def test_emails_waiting_for_the_relay_are_made_due_once(stores):
     assert store.write(lambda tx: tx.due_again_after_outage(300.0, 100)) == 0
     # Its attempt did not reach the relay either: it waits, and goes at the next end of one.
     store.write(
-        lambda tx: tx.finish_attempt(
-            leased.seq, "me", "deferred", [], 220.0, 900.0, "refused", 0, True
-        )
+        lambda tx: tx.finish_attempt(leased, "me", "deferred", [], 220.0, 900.0, "refused", 0, True)
     )
     assert store.write(lambda tx: tx.due_again_after_outage(400.0, 100)) == 1
     assert store.reads.get_email(owner, "em_leased").due_at == 400.0
@@ -765,7 +764,7 @@ def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_t
         tx.enqueue_email(new_email("em_other", other, "a@other.test"))
 
     stores[0].write(enqueue)
-    claimed = {e.id: e.seq for e in stores[0].write(lambda tx: tx.claim_due("me", 9.0, 1e9, 100))}
+    claimed = {e.id: e for e in stores[0].write(lambda tx: tx.claim_due("me", 9.0, 1e9, 100))}
     # Eight stores record at once: 40 sent (10 partly) on day 2, 20 failed on day 3, 20
     # deferred (not an outcome yet); another account's sent email; a lost lease counts nothing.
     plan = {f"em_{n}": ("sent", 2.5) for n in range(30)}
@@ -775,7 +774,7 @@ def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_t
 
     delivered = [(0, Recipient("b@example.org", "sent")), (1, Recipient("c@example.org", "sent"))]
 
-    def record(store: Store, number: int) -> list[bool]:
+    def record(store: Store, number: int) -> list[None]:
         mine = sorted(plan)[number::RACERS]
         return [
             store.write(
@@ -787,13 +786,16 @@ def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_t
             for email_id in mine
         ]  # fmt: skip
 
-    assert all(all(done) for done in race(stores, record))
+    race(stores, record)
     stores[0].write(
         lambda tx: tx.finish_attempt(claimed["em_other"], "me", "sent", [], 2.5 * day, None, None)
     )
-    assert not stores[0].write(
-        lambda tx: tx.finish_attempt(claimed["em_0"], "nobody", "sent", [], 2.5 * day, None, None)
-    )
+    with pytest.raises(LeaseLost):
+        stores[0].write(
+            lambda tx: tx.finish_attempt(
+                claimed["em_0"], "nobody", "sent", [], 2.5 * day, None, None
+            )
+        )
     # Reports of day 4: each of eight stores reports the same recipients; each counts once.
     reports = [("em_0", 0, "bounced"), ("em_0", 1, "bounced"), ("em_1", 0, "complained")]
 
@@ -801,7 +803,7 @@ def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_t
         return [
             store.write(
                 lambda tx, email_id=email_id, position=position, status=status: tx.report_recipient(
-                    claimed[email_id], position, status, None, None, 4.2 * day
+                    claimed[email_id].seq, position, status, None, None, 4.2 * day
                 )
             )
             for email_id, position, status in reports

@@ -33,7 +33,15 @@ from ..mail.return_path import ReturnPath
 from ..ops import metrics
 from ..queues.leased import LeasedPool
 from ..settings import Settings
-from ..store import Attachment, EmailRecord, Recipient, Store, Suppression, Writes
+from ..store import (
+    Attachment,
+    EmailRecord,
+    LeaseLost,
+    Recipient,
+    Store,
+    Suppression,
+    Writes,
+)
 from ..webhooks.events import after_attempt
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
 from .smtp import Reply
@@ -212,9 +220,9 @@ class DeliveryPool(LeasedPool[Claimed]):
         # (while the relay is in doubt, only the claimer claims, as its health allows).
         relay_took_it = bool(replies) and all(r.status == statuses.SENT for _, r in outcomes)
 
-        def record(tx: Writes) -> tuple[bool, Claimed | None]:
-            kept = tx.finish_attempt(
-                email.seq,
+        def record(tx: Writes) -> Claimed | None:
+            tx.finish_attempt(
+                email,
                 self.owner,
                 decision.status,
                 decision.recipients,
@@ -224,19 +232,19 @@ class DeliveryPool(LeasedPool[Claimed]):
                 refunded,
                 relay_unreached=bool(replies) and not any(reply.reached for reply in replies),
             )
-            if kept:
-                for address, detail in hard_bounces:
-                    tx.add_suppression(
-                        email.account_id, address, statuses.BOUNCED, email.id, detail, now
-                    )
-                if events:
-                    tx.add_webhook_events(email.account_id, email.seq, events, now)
-            return kept, self.claim_next(tx) if relay_took_it else None
+            for address, detail in hard_bounces:
+                tx.add_suppression(
+                    email.account_id, address, statuses.BOUNCED, email.id, detail, now
+                )
+            if events:
+                tx.add_webhook_events(email.account_id, email.seq, events, now)
+            return self.claim_next(tx) if relay_took_it else None
 
-        kept, following = self.record(record)
-        if not kept:
+        try:
+            following = self.record(record)
+        except LeaseLost:
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
-            return following
+            return None
         metrics.ATTEMPTS.labels(decision.status).inc()
         log.info(
             "email %s attempt %d: %s; %s",

@@ -65,6 +65,15 @@ class CreditExhausted(Exception):
         self.needed = needed
 
 
+class LeaseLost(Exception):
+    """The email's lease is no longer the attempt's owner's (it ran out, and another took the
+    email over): the attempt's outcome is not recorded, nor anything else of its job."""
+
+    def __init__(self, email_id: str) -> None:
+        super().__init__(f"email {email_id}: lease lost")
+        self.email_id = email_id
+
+
 class TokenExhausted(Exception):
     """The rate-limit bucket has no token left: none was taken."""
 
@@ -444,7 +453,7 @@ class Writes(Reads, Protocol):
 
     def finish_attempt(
         self,
-        seq: int,
+        email: EmailRecord,
         owner: str,
         status: str,
         recipients: Iterable[tuple[int, Recipient]],
@@ -453,13 +462,15 @@ class Writes(Reads, Protocol):
         last_error: str | None,
         refunded: int = 0,
         relay_unreached: bool = False,
-    ) -> bool:
-        """Record an attempt's outcome, and its events, only if ``owner`` still holds the lease
-        (checked and written in one update). False, and nothing written, when it lost it.
-        ``refunded`` credit (recipients suppressed since acceptance) goes back to the account.
-        A final ``sent``, ``partially_sent`` or ``failed`` adds one to the account's count for
-        the day of ``now`` (see :meth:`Reads.daily_outcomes`). An email deferred by an attempt
-        that could not reach the relay (``relay_unreached``) waits for the relay (see
+    ) -> None:
+        """Record an attempt's outcome of ``email`` (as claimed), and its events, only if
+        ``owner`` still holds the lease: :class:`LeaseLost` refuses the job when it lost it
+        (raised here, or, where statements wait, by the statement that next waits for an
+        answer, or the commit), and nothing of the job is kept. ``refunded`` credit (recipients
+        suppressed since acceptance) goes back to the account. A final ``sent``,
+        ``partially_sent`` or ``failed`` adds one to the account's count for the day of ``now``
+        (see :meth:`Reads.daily_outcomes`). An email deferred by an attempt that could not
+        reach the relay (``relay_unreached``) waits for the relay (see
         :meth:`due_again_after_outage`); any other outcome ends that."""
         ...
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from .. import statuses
 from .accounts import CREDITS_CHECK
-from .contract import CreditExhausted
+from .contract import CreditExhausted, LeaseLost
 from .history import EMAIL_COLUMNS, HistoryVerbs
 from .records import Attachment, EmailRecord, NewEmail, Recipient
 from .sql import Contended, marks
@@ -36,6 +36,9 @@ def _chunks(items: Sequence[Item], size: int) -> list[Sequence[Item]]:
 def _domain(email: NewEmail) -> str:
     return email.sender_address.rpartition("@")[2]
 
+
+#: The rule of :meth:`QueueVerbs.finish_attempt`: the owner still holds the email's lease.
+LEASE_HELD = "lease_held"
 
 #: The rule of :meth:`QueueVerbs.enqueue_email_or_refuse`: the email's sender domain was
 #: verified for its account when it was inserted.
@@ -330,7 +333,7 @@ class QueueVerbs(HistoryVerbs):
 
     def finish_attempt(
         self,
-        seq: int,
+        email: EmailRecord,
         owner: str,
         status: str,
         recipients: Iterable[tuple[int, Recipient]],
@@ -339,18 +342,28 @@ class QueueVerbs(HistoryVerbs):
         last_error: str | None,
         refunded: int = 0,
         relay_unreached: bool = False,
-    ) -> bool:
-        """:param recipients: ``(position, outcome)`` of each recipient the attempt tried.
+    ) -> None:
+        """:param email: the email as claimed (its seq, account and attempt number).
+        :param recipients: ``(position, outcome)`` of each recipient the attempt tried.
         :param due_at: when to try again; None when the email is final.
         :param refunded: credit given back (recipients suppressed since the email was accepted).
         :param relay_unreached: the attempt could not reach the relay at all.
         """
+        seq = email.seq
+        # The lease is checked first, and its row locked until the commit (on PostgreSQL with
+        # what follows, in one message): none of what follows can change it.
+        self.refuse_unless(
+            f"EXISTS (SELECT 1 FROM emails WHERE seq = ? AND lease_owner = ?"
+            f"{self.dialect.row_lock})",
+            (seq, owner),
+            LEASE_HELD,
+            lambda: LeaseLost(email.id),
+        )
         waits = now if relay_unreached and due_at is not None else None
-        cursor = self.connection.execute(
+        self.run(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
             "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END, "
-            "waits_for_relay_since = ? "
-            "WHERE seq = ? AND lease_owner = ? RETURNING attempts, account_id",
+            "waits_for_relay_since = ? WHERE seq = ?",
             (
                 status,
                 due_at,
@@ -362,16 +375,12 @@ class QueueVerbs(HistoryVerbs):
                 now,
                 waits,
                 seq,
-                owner,
             ),
         )
-        row = cursor.fetchone()
-        if row is None:
-            return False
         if refunded:
-            self._give_credit(row[1], refunded)
+            self._give_credit(email.account_id, refunded)
         if due_at is None and status in _COUNTED_AS:
-            self.count_outcome(row[1], now, _COUNTED_AS[status], seq)
+            self.count_outcome(email.account_id, now, _COUNTED_AS[status], seq)
         recipients = list(recipients)
         for position, r in recipients:
             self.run(
@@ -393,11 +402,10 @@ class QueueVerbs(HistoryVerbs):
             seq,
             now,
             [
-                ("attempt", {"attempt": row[0], "recipients": replies}),
+                ("attempt", {"attempt": email.attempts, "recipients": replies}),
                 (status, {"nextAttemptAt": due_at} if due_at else None),
             ],
         )
-        return True
 
     def due_again_after_outage(self, now: float, limit: int) -> int:
         # The partial index holds only the emails that wait for the relay: no scan at any size.
