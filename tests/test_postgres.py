@@ -387,6 +387,57 @@ def test_an_accept_waits_on_postgresql_twice(postgres_database):
         proxy.close()
 
 
+def test_a_delivery_waits_on_postgresql_at_most_three_times(postgres_database, sink, tmp_path):
+    """Round trips of delivery, counted on the wire by a proxy, so that they cannot creep
+    back: a delivery thread sends an email, then records its outcome and claims its next email
+    in one message (the lease, checked by a rule that travels with them; the email, its
+    recipients and events; the claim, which reads what sending the next email needs), then
+    COMMIT. Two round trips an email, three at most with the claimer's own polls (there were
+    six)."""
+    from .pg_proxy import CountingProxy
+
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_database, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    proxy = CountingProxy(f"{postgres_database}?options={quote(f'-c search_path={schema}')}")
+    app = create_app(
+        {
+            "database": proxy.url,
+            "store_min_free_mb": 0,
+            "smtp_url": sink.url,
+            "delivery_threads": 1,
+            "poll_seconds": 0.2,
+            "rate_send_per_minute": 100_000,
+            "outbox": str(tmp_path / "outbox"),
+        }
+    )
+    emails = 60
+    try:
+        tenant, client = make_tenant(app), Client(app)
+        sent = [
+            client.post("/v1/emails", json=email_body(), headers=tenant.headers).get_json()["id"]
+            for _ in range(emails)
+        ]
+        proxy.reset()
+        app.start()
+        deadline = time.monotonic() + 60
+        while len(sink.messages) < emails:
+            assert time.monotonic() < deadline, f"{len(sink.messages)} of {emails} delivered"
+            time.sleep(0.05)
+        app.stop(graceful=True, timeout=5)
+        trips = proxy.count()
+        assert sorted(m.message_id.strip("<>").split("@")[0] for m in sink.messages) == sorted(sent)
+        assert all(
+            client.get(f"/v1/emails/{email_id}", headers=tenant.headers).get_json()["status"]
+            == "sent"
+            for email_id in sent
+        )
+        assert trips <= 3 * emails, f"{trips} round trips for {emails} emails"
+    finally:
+        app.store.shutdown()
+        proxy.close()
+
+
 def test_prepared_statements_outlive_transactions_the_server_refused_midway(config, clock):
     """Statements are prepared on a connection, often in the pipeline that sends a transaction
     with its COMMIT. When a rule refuses that transaction midway (a sender domain not
