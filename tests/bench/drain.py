@@ -3,13 +3,16 @@ the same pre-filled queue to the same sink, interleaved.
 
     git worktree add /tmp/mailsvc-base <commit>
     python -m tests.bench.drain /tmp/mailsvc-base [--rounds 5] [--emails 4000] [--workers 2]
+        [--postgres-url postgresql://postgres@127.0.0.1:5432/postgres]
 
-Each round fills a fresh SQLite store of each version (with that version's own code, in a
+Each round fills a fresh store of each version (SQLite; with ``--postgres-url``, a database made
+on that server, dropped after) (with that version's own code, in a
 process run from its checkout) with ``--emails`` signed 2 KB emails of one recipient, starts
 that version's gunicorn (its own gunicorn.conf.py, delivery running) and times the sink's
-receipts from the first to the last: messages a second. The report gives each round, the
-medians, and this checkout's median over the baseline's. Not a test: run it by hand; numbers
-are for this machine.
+receipts from the first to the last: messages a second; and the CPU time (user and system)
+an email of the gunicorn workers, and on PostgreSQL of the server's processes, from /proc. The
+report gives each round, the medians, and this checkout's median over the baseline's. Not a
+test: run it by hand; numbers are for this machine.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from ..servers import Gunicorn
-from .parts import ROOT, Sink
+from ..servers import Gunicorn, cpu_seconds
+from .backends import server_cpu_seconds
+from .parts import ROOT, Sink, postgres_database
 
 #: Run in a checkout (its own ``mailsvc`` and ``tests``): fills the store it is given.
 _FILL = """
@@ -47,8 +53,10 @@ store.shutdown()
 """
 
 
-def drain(checkout: Path, folder: Path, sink: Sink, emails: int, workers: int) -> float:
-    database = str(folder / f"{checkout.name}-{sink.count()}.sqlite3")
+def drain(
+    checkout: Path, database: str, sink: Sink, emails: int, workers: int
+) -> tuple[float, float, float]:
+    """Messages a second, and the workers' and the PostgreSQL server's CPU ms an email."""
     subprocess.run([sys.executable, "-c", _FILL, database, str(emails)], cwd=checkout, check=True)
     before = sink.count()
     server = Gunicorn(
@@ -58,11 +66,25 @@ def drain(checkout: Path, folder: Path, sink: Sink, emails: int, workers: int) -
     server.root = checkout
     server.start()
     try:
+        pids = server.worker_pids()
+        workers_before, server_before = cpu_seconds(pids), server_cpu_seconds()
         sink.wait_for(before + emails)
+        workers_cpu = cpu_seconds(pids) - workers_before
+        server_cpu = server_cpu_seconds() - server_before
     finally:
         server.stop()
     times = [at for at, _ in sink.received()[before:]]
-    return (len(times) - 1) / (max(times) - min(times))
+    on_server = server_cpu / emails * 1000 if database.startswith("postgres") else 0.0
+    return (len(times) - 1) / (max(times) - min(times)), workers_cpu / emails * 1000, on_server
+
+
+@contextmanager
+def _database(folder: Path, name: str, postgres_url: str | None) -> Iterator[str]:
+    if postgres_url is None:
+        yield str(folder / f"{name}.sqlite3")
+        return
+    with postgres_database(postgres_url, "mailsvc_drain") as (_, url):
+        yield url
 
 
 def main() -> None:
@@ -73,23 +95,33 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--emails", type=int, default=4000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--postgres-url", help="drain PostgreSQL databases made on this server, not SQLite"
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-drain-"))
     sink = Sink(folder)
-    figures: dict[str, list[float]] = {"baseline": [], "this": []}
+    figures: dict[str, list[tuple[float, float, float]]] = {"baseline": [], "this": []}
     try:
-        for _ in range(args.rounds):
+        for round in range(args.rounds):
             for name, checkout in (("baseline", args.baseline.resolve()), ("this", ROOT)):
-                figures[name].append(drain(checkout, folder, sink, args.emails, args.workers))
+                with _database(folder, f"{name}-{round}", args.postgres_url) as database:
+                    figures[name].append(drain(checkout, database, sink, args.emails, args.workers))
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-    print(f"D1 mailsvc drain, msgs/s ({args.emails} emails, {args.workers} workers, SQLite)")
-    for name, values in figures.items():
-        rounds = "  ".join(f"{value:7.0f}" for value in values)
-        print(f"{name:9} {rounds}   median {statistics.median(values):7.0f}")
-    ratio = statistics.median(figures["this"]) / statistics.median(figures["baseline"])
-    print(f"this / baseline: {ratio:.2f}")
+    backend = "PostgreSQL" if args.postgres_url else "SQLite"
+    print(f"D1 mailsvc drain ({args.emails} emails, {args.workers} workers, {backend})")
+    medians: dict[str, list[float]] = {}
+    for index, figure in enumerate(("msgs/s", "workers CPU ms/email", "server CPU ms/email")):
+        print(figure)
+        for name, values in figures.items():
+            column = [value[index] for value in values]
+            medians.setdefault(name, []).append(statistics.median(column))
+            rounds = "  ".join(f"{value:7.2f}" for value in column)
+            print(f"  {name:9} {rounds}   median {statistics.median(column):7.2f}")
+        if medians["baseline"][index]:
+            print(f"  this / baseline: {medians['this'][index] / medians['baseline'][index]:.2f}")
 
 
 if __name__ == "__main__":
