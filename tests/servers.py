@@ -135,18 +135,25 @@ class Gunicorn:
         stop_process(self.process, sig, timeout)
         return self._close_log()
 
-    def worker_pids(self) -> list[int]:
+    def worker_pids(self, timeout: float = 10.0) -> list[int]:
+        """The workers' process ids, once every worker has been forked (the server answers as
+        soon as its first worker does: the others may not be there yet), or after ``timeout``
+        those there are."""
         assert self.process is not None
-        children = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    fields = proc_stat(int(entry.name))
-                except OSError:
-                    continue
-                if int(fields[1]) == self.process.pid:
-                    children.append(int(entry.name))
-        return children
+        deadline = time.monotonic() + timeout
+        while True:
+            children = []
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit():
+                    try:
+                        fields = proc_stat(int(entry.name))
+                    except OSError:
+                        continue
+                    if int(fields[1]) == self.process.pid:
+                        children.append(int(entry.name))
+            if len(children) >= self.workers or time.monotonic() > deadline:
+                return children
+            time.sleep(0.05)
 
     def sockets(self) -> int:
         """Sockets the server's processes hold open: a connection counts once it is accepted."""
@@ -168,7 +175,7 @@ class Gunicorn:
         """``kill -9`` the master and every worker at once; returns what it wrote once all of
         them are dead (their connections closed by the kernel)."""
         assert self.process is not None
-        workers = self.worker_pids()
+        workers = self.worker_pids(timeout=0)  # (those there are now)
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
         deadline = time.monotonic() + 30
