@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mailbox
 import time
+from dataclasses import replace
 
 import pytest
 from werkzeug.test import Client
@@ -225,14 +226,29 @@ def test_lease_keeps_others_away_until_it_expires(relayed, clock):
     [again] = store.write(lambda tx: tx.claim_due("worker-b", clock(), lease_seconds=60))
     assert again.id == email_id and again.attempts == 2
 
-    def finish(owner):
-        store.write(lambda tx: tx.finish_attempt(again, owner, "sent", [], clock(), None, None))
+    following = post(client, tenant)
+    events = len(store.reads.email_events([again.seq])[again.seq])
 
-    with pytest.raises(LeaseLost):
-        finish("worker-a")
+    def record(owner):
+        """The job a sender runs: the outcome, and the thread's next email claimed with it."""
+
+        def job(tx):
+            sent = [(0, replace(again.recipients[0], status="sent", smtp_code=250))]
+            tx.finish_attempt(again, owner, "sent", sent, clock(), None, None)
+            return tx.claim_to_send(owner, clock(), 60)
+
+        return store.write(job)
+
+    with pytest.raises(LeaseLost):  # and nothing of its job is kept, its claim neither
+        record("worker-a")
     assert store.reads.get_email(again.account_id, email_id).status == "sending"
-    finish("worker-b")
+    assert store.reads.get_email(again.account_id, email_id).recipients[0].status == "queued"
+    assert len(store.reads.email_events([again.seq])[again.seq]) == events
+    assert store.reads.get_email(again.account_id, following).status == "queued"
+    [claimed_next], _ = record("worker-b")
+    assert claimed_next.id == following
     assert store.reads.get_email(again.account_id, email_id).status == "sent"
+    assert store.reads.get_email(again.account_id, email_id).recipients[0].status == "sent"
 
 
 def test_without_a_relay_mail_goes_to_the_maildir(app, config):

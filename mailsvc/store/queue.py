@@ -67,6 +67,7 @@ _COUNTED_AS = {
 class QueueVerbs(HistoryVerbs):
     contended: Callable[[Contended], None]
     refuse_unless: Callable[[str, Any, str, Callable[[], Exception]], None]
+    refuse_unless_changed: Callable[[str, Any, str, Callable[[], Exception]], None]
 
     def enqueue_email(self, email: NewEmail) -> int | None:
         # The sender domain is checked by the insert itself: one statement, one round trip. Its
@@ -350,20 +351,13 @@ class QueueVerbs(HistoryVerbs):
         :param relay_unreached: the attempt could not reach the relay at all.
         """
         seq = email.seq
-        # The lease is checked first, and its row locked until the commit (on PostgreSQL with
-        # what follows, in one message): none of what follows can change it.
-        self.refuse_unless(
-            f"EXISTS (SELECT 1 FROM emails WHERE seq = ? AND lease_owner = ?"
-            f"{self.dialect.row_lock})",
-            (seq, owner),
-            LEASE_HELD,
-            lambda: LeaseLost(email.id),
-        )
         waits = now if relay_unreached and due_at is not None else None
-        self.run(
+        # Written only where the lease is still the owner's, and the job refused if it is not
+        # (on PostgreSQL, with what follows, in one message).
+        self.refuse_unless_changed(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
             "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END, "
-            "waits_for_relay_since = ? WHERE seq = ?",
+            "waits_for_relay_since = ? WHERE seq = ? AND lease_owner = ?",
             (
                 status,
                 due_at,
@@ -375,7 +369,10 @@ class QueueVerbs(HistoryVerbs):
                 now,
                 waits,
                 seq,
+                owner,
             ),
+            LEASE_HELD,
+            lambda: LeaseLost(email.id),
         )
         if refunded:
             self._give_credit(email.account_id, refunded)

@@ -79,6 +79,24 @@ class SqlVerbs(
         self.refusals[rule] = refusal
         self.run(f"SELECT mailsvc_refuse(?) WHERE NOT ({condition})", (rule, *params))
 
+    def refuse_unless_changed(
+        self, change: str, params: Any, rule: str, refusal: Callable[[], Exception]
+    ) -> None:
+        """Run ``change`` (an UPDATE) and refuse the transaction with ``refusal()`` unless it
+        changed a row: at once where statements are answered one by one, or, where they wait,
+        with whatever statement or the COMMIT next goes (as :meth:`refuse_unless`). One
+        statement either way: the rows it changes are locked by the change itself."""
+        if not self.dialect.queues_statements:
+            if self.connection.execute(f"{change} RETURNING 1", params).fetchone() is None:
+                raise refusal()
+            return
+        self.refusals[rule] = refusal
+        self.run(
+            f"WITH changed AS ({change} RETURNING 1) SELECT mailsvc_refuse(?) "
+            f"WHERE NOT EXISTS (SELECT 1 FROM changed)",
+            (*params, rule),
+        )
+
     def refusal_of(self, rule: str | None) -> Exception | None:
         """What the transaction is refused with, for a check violation of ``rule``: a rule of
         :meth:`refuse_unless`, or the constraint of a held-back statement; None: neither."""

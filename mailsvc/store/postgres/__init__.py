@@ -90,7 +90,6 @@ DIALECT = Dialect(
     greatest="GREATEST",
     skip_locked=" FOR UPDATE SKIP LOCKED",
     share_lock=" FOR SHARE",
-    row_lock=" FOR UPDATE",
     unique_violation=_unique_violation,
     check_violation=_check_violation,
     json_param=lambda text: text,  # psycopg sends text untyped; the jsonb column parses it
