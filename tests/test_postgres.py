@@ -387,13 +387,13 @@ def test_an_accept_waits_on_postgresql_twice(postgres_database):
         proxy.close()
 
 
-def test_a_delivery_waits_on_postgresql_at_most_three_times(postgres_database, sink, tmp_path):
+def test_a_delivery_waits_on_postgresql_four_times(postgres_database, sink, tmp_path):
     """Round trips of delivery, counted on the wire by a proxy, so that they cannot creep
     back: a delivery thread sends an email, then records its outcome and claims its next email
-    in one message (the lease, checked by a rule that travels with them; the email, its
-    recipients and events; the claim, which reads what sending the next email needs), then
-    COMMIT. Two round trips an email, three at most with the claimer's own polls (there were
-    six)."""
+    in one message (the email's row, written only while the lease is the thread's, refusing
+    the job otherwise; its recipients and events; the claim), reads the claimed email's
+    recipients, then what sending it needs, then COMMIT: four round trips an email (there
+    were six)."""
     from .pg_proxy import CountingProxy
 
     schema = f"t_{secrets.token_hex(6)}"
@@ -406,12 +406,12 @@ def test_a_delivery_waits_on_postgresql_at_most_three_times(postgres_database, s
             "store_min_free_mb": 0,
             "smtp_url": sink.url,
             "delivery_threads": 1,
-            "poll_seconds": 0.2,
+            "poll_seconds": 30,  # (the claimer's polls are not delivery's waits)
             "rate_send_per_minute": 100_000,
             "outbox": str(tmp_path / "outbox"),
         }
     )
-    emails = 60
+    emails = 100
     try:
         tenant, client = make_tenant(app), Client(app)
         sent = [
@@ -432,7 +432,7 @@ def test_a_delivery_waits_on_postgresql_at_most_three_times(postgres_database, s
             == "sent"
             for email_id in sent
         )
-        assert trips <= 3 * emails, f"{trips} round trips for {emails} emails"
+        assert trips <= 4.5 * emails, f"{trips} round trips for {emails} emails"
     finally:
         app.store.shutdown()
         proxy.close()

@@ -447,8 +447,7 @@ class Writes(Reads, Protocol):
     ) -> tuple[list[EmailRecord], SendingContext]:
         """:meth:`claim_due`, with what sending the claimed emails needs: as
         :meth:`sending_context` answers for their recipients that wait for an attempt (each
-        account's, as the email has them) and their ``(account, sender domain)``. On
-        PostgreSQL, one statement."""
+        account's, as the email has them) and their ``(account, sender domain)``."""
         ...
 
     def finish_attempt(

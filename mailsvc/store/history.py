@@ -81,43 +81,33 @@ class HistoryVerbs:
                 filename, content_type, size, content_id = found[1:5]
                 attachments[seq].append(AttachmentInfo(filename, content_type, content_id, size))
         return [
-            self.email_record(row, recipients[row[0]], tags[row[0]], attachments[row[0]])
+            EmailRecord(
+                seq=row[0],
+                id=row[1],
+                account_id=row[2],
+                status=row[3],
+                sender_name=row[4],
+                sender_address=row[5],
+                reply_to=tuple(self._json_list(row[6])),
+                subject=row[7],
+                html=row[8],
+                text=row[9],
+                template_id=row[10],
+                message_id=row[11],
+                created_at=row[12],
+                sent_at=row[13],
+                last_error=row[14],
+                attempts=row[15],
+                due_at=row[16],
+                headers=tuple((name, value) for name, value in self._json_list(row[17])),
+                charged=row[18],
+                scheduled_at=row[19],
+                recipients=tuple(recipients[row[0]]),
+                tags=tuple(tags[row[0]]),
+                attachments=tuple(attachments[row[0]]),
+            )
             for row in rows
         ]
-
-    def email_record(
-        self,
-        row: Sequence[Any],
-        recipients: Sequence[Recipient],
-        tags: Sequence[tuple[str, str]],
-        attachments: Sequence[AttachmentInfo],
-    ) -> EmailRecord:
-        """The email of a row of :data:`EMAIL_COLUMNS`, with these children."""
-        return EmailRecord(
-            seq=row[0],
-            id=row[1],
-            account_id=row[2],
-            status=row[3],
-            sender_name=row[4],
-            sender_address=row[5],
-            reply_to=tuple(self._json_list(row[6])),
-            subject=row[7],
-            html=row[8],
-            text=row[9],
-            template_id=row[10],
-            message_id=row[11],
-            created_at=row[12],
-            sent_at=row[13],
-            last_error=row[14],
-            attempts=row[15],
-            due_at=row[16],
-            headers=tuple((name, value) for name, value in self._json_list(row[17])),
-            charged=row[18],
-            scheduled_at=row[19],
-            recipients=tuple(recipients),
-            tags=tuple(tags),
-            attachments=tuple(attachments),
-        )
 
     def _json_list(self, stored: Any) -> list[Any]:
         """A JSON array column's value; an empty list for NULL."""

@@ -60,9 +60,6 @@ class Dialect:
     #: sender domain an email is queued under): another transaction's change of them waits.
     #: (SQLite's one writer at a time holds the whole database.)
     share_lock: str = ""
-    #: A query may read what a data-modifying statement in its ``WITH`` returns (PostgreSQL):
-    #: a claim reads what sending its emails needs in the statement that leases them.
-    updates_in_queries: bool = False
 
 
 @dataclass(frozen=True)

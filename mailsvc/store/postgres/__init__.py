@@ -60,12 +60,6 @@ _RETRIES = 5
 PROBE_EVERY_SECONDS = 0.5
 #: How long a COMMIT cut off on its way is looked up while its transaction is still finishing.
 IN_DOUBT_SECONDS = 1.0
-#: What opens a write transaction, sent with its first statement. A write's statements look rows
-#: up by their keys, and each is prepared on its connection: the server plans it once, not at
-#: every run (left to itself, it plans each run again for as long as a plan made for the
-#: parameters looks cheaper than the generic one: a claim's, for one, at every run; half of
-#: what the server spent on it).
-_BEGIN_WRITE = ("BEGIN", "SET LOCAL plan_cache_mode = force_generic_plan")
 #: Connections a piece of work is tried on, while the server closed each before the work
 #: was done (the pool's idle ones are checked after the first).
 _ATTEMPTS = 3
@@ -102,7 +96,6 @@ DIALECT = Dialect(
     from_json=lambda value: value,  # psycopg reads jsonb as Python data
     holds_back_contended=True,
     queues_statements=True,
-    updates_in_queries=True,
 )
 
 
@@ -354,7 +347,7 @@ class PostgresStore:
 
     def _write(self, job: Callable[[Writes], Result], durable: bool) -> Result:
         # A write that need not wait for the disk says so along with BEGIN.
-        begin = _BEGIN_WRITE if durable else (*_BEGIN_WRITE, "SET LOCAL synchronous_commit = off")
+        begin = ("BEGIN",) if durable else ("BEGIN", "SET LOCAL synchronous_commit = off")
         waiting = time.perf_counter()
 
         def run(connection: psycopg.Connection[Any]) -> Result:
