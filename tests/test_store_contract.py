@@ -445,11 +445,11 @@ def test_what_delivery_needs_is_read_at_once_for_several_accounts(stores):
 
 
 def test_a_claim_to_send_holds_the_emails_and_what_sending_them_needs(stores):
-    """What a delivery thread claims on either backend (one statement on PostgreSQL): the
-    emails as :meth:`claim_due` leases them, with their recipients, tags and attachments, and
-    the sending context of exactly those emails: each account's subscribed event types, the
-    suppressed recipients among those that wait for an attempt (as the email has them), and each
-    sender domain's DKIM key (None for one without)."""
+    """What a delivery thread claims on either backend: the emails as :meth:`claim_due` leases
+    them, with their recipients, tags and attachments, and the sending context of exactly
+    those emails: each account's subscribed event types, the suppressed recipients among those
+    that wait for an attempt (as the email has them), and each sender domain's DKIM key (None
+    for one without)."""
     from mailsvc.store import Attachment, NewRecipient, SigningKey, Webhook
 
     store = stores[0]

@@ -295,36 +295,23 @@ class QueueVerbs(HistoryVerbs):
         limit: int = 1,
         leases_ended_before: float | None = None,
     ) -> list[EmailRecord]:
-        sql, params = self.claim_statement(owner, now, lease_seconds, limit, leases_ended_before)
-        rows = self.connection.execute(sql, params).fetchall()
-        return self.with_recipients(rows)
-
-    def claim_statement(
-        self,
-        owner: str,
-        now: float,
-        lease_seconds: float,
-        limit: int,
-        leases_ended_before: float | None,
-    ) -> tuple[str, list[Any]]:
-        """The statement of :meth:`claim_due`, returning the claimed emails' rows of
-        :data:`EMAIL_COLUMNS`. One statement picks and leases; on PostgreSQL its SELECT locks
-        what it picks and passes over rows another claimer holds, so two claimers never take
-        the same email."""
+        # One statement picks and leases; on PostgreSQL its SELECT locks what it picks and passes
+        # over rows another claimer holds, so two claimers never take the same email.
         leases = "" if leases_ended_before is None else " AND (lease_owner IS NULL OR due_at < ?)"
-        return (
+        rows = self.connection.execute(
             f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
             f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ?{leases} ORDER BY due_at "
             f"LIMIT ?{self.dialect.skip_locked}) RETURNING {EMAIL_COLUMNS}",
-            [
+            (
                 statuses.SENDING,
                 owner,
                 now + lease_seconds,
                 now,
                 *([] if leases_ended_before is None else [leases_ended_before]),
                 limit,
-            ],
-        )
+            ),
+        ).fetchall()
+        return self.with_recipients(rows)
 
     def next_due_at(self) -> float | None:
         row = self.connection.execute(
