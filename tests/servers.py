@@ -46,28 +46,26 @@ def request(
         connection.close()
 
 
-def sockets_of(pid: int) -> int:
-    """Sockets open in process ``pid`` and its children (a connection it has accepted)."""
-    pids = [pid] + [
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and _parent(int(entry.name)) == pid
-    ]
+def accepted_connections(port: int, client_ports: Iterable[int]) -> int:
+    """Of the connections from these local ports to ``port`` on loopback, those the server has
+    accepted (a connection still in the listener's queue has no socket inode yet)."""
+    wanted = set(client_ports)
     count = 0
-    for one in pids:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            links = [os.readlink(entry) for entry in Path(f"/proc/{one}/fd").iterdir()]
+            lines = Path(table).read_text().splitlines()[1:]
         except OSError:
             continue
-        count += sum(link.startswith("socket:") for link in links)
+        for line in lines:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if (
+                int(local.rsplit(":", 1)[1], 16) == port
+                and int(remote.rsplit(":", 1)[1], 16) in wanted
+                and inode != "0"
+            ):
+                count += 1
     return count
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(proc_stat(pid)[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def stop_process(process: subprocess.Popen[bytes], sig: int, timeout: float) -> None:
@@ -155,11 +153,6 @@ class Gunicorn:
                 return children
             time.sleep(0.05)
 
-    def sockets(self) -> int:
-        """Sockets the server's processes hold open: a connection counts once it is accepted."""
-        assert self.process is not None
-        return sockets_of(self.process.pid)
-
     def gauge(self, name: str, token: str) -> float:
         """A metric's value, as ``GET /metrics`` (with ``MAILSVC_METRICS_TOKEN=token``) says."""
         status, text = request(
@@ -229,11 +222,6 @@ class Nginx:
             f" include {folder}/site.conf;\n}}\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
-
-    def sockets(self) -> int:
-        """Sockets nginx's processes hold open: a connection counts once it is accepted."""
-        assert self.process is not None
-        return sockets_of(self.process.pid)
 
     def start(self) -> Nginx:
         self.process = subprocess.Popen(

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import pytest
 
 from .conftest import VERIFIED, email_body, wait_until
-from .servers import Gunicorn, Nginx, request
+from .servers import Gunicorn, Nginx, accepted_connections, request
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,6 @@ def hostile_clients(server: Gunicorn | Nginx, slow: int, idle: int) -> Iterator[
     """``slow`` connections sending their headers a byte every 0.3 s, ``idle`` ones that send
     nothing, to ``server``, for as long as the block runs."""
     port = server.port
-    before = server.sockets()
     stop = threading.Event()
     opened: list[socket.socket] = []
 
@@ -54,8 +53,13 @@ def hostile_clients(server: Gunicorn | Nginx, slow: int, idle: int) -> Iterator[
     for thread in threads:
         thread.start()
     # Every hostile connection is in (accepted by the server) before the normal requests come.
-    wait_until(lambda: server.sockets() >= before + slow + idle, 30, "the hostile connections")
+    # (Counted by the connections themselves: a count of the server's sockets taken before
+    # them could include one it was about to close.)
+    ports = [connection.getsockname()[1] for connection in opened]
     try:
+        wait_until(
+            lambda: accepted_connections(port, ports) == slow + idle, 30, "the hostile connections"
+        )
         yield
     finally:
         stop.set()
