@@ -237,6 +237,14 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_float,
     ),
     Setting(
+        "postgres_network_timeout_seconds",
+        5.0,
+        "Longest the service waits on a PostgreSQL server that has gone silent (a network "
+        "partition, a host gone without closing its connections): TCP keepalives and "
+        "`tcp_user_timeout` drop the connection, and its request is answered 503.",
+        _positive_float,
+    ),
+    Setting(
         "sqlite_synchronous",
         "FULL",
         "SQLite `synchronous` for writes that accept mail (FULL, EXTRA or NORMAL).",

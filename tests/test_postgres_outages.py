@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -273,6 +274,78 @@ def test_the_service_sets_its_timeouts_on_its_connections(cluster):
         assert refused.value.condition == "it is busy" and time.monotonic() - started < 2
     finally:
         store.shutdown()
+
+
+def test_a_statement_longer_than_the_network_timeout_is_not_cut_by_it(cluster):
+    # The keepalives that find a silent server are answered by a busy one's system.
+    limits = ServerLimits(network_timeout_seconds=1.0, statement_timeout_seconds=10.0)
+    store = PostgresStore(cluster.create_database("busy"), limits)
+    try:
+        options = store.write(lambda tx: {
+            option.keyword.decode(): (option.val or b"").decode()
+            for option in tx.connection._connection.pgconn.info
+        })  # fmt: skip
+        assert options["keepalives"] == "1" and options["tcp_user_timeout"] == "1000"
+        started = time.monotonic()
+        store.write(lambda tx: tx.connection.execute("SELECT pg_sleep(3)").fetchone())
+        assert time.monotonic() - started >= 3
+    finally:
+        store.shutdown()
+
+
+def silence_needs() -> str | None:
+    """Why a server cannot be silenced here (dropping its packets needs root and nft)."""
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        return "silencing the network needs root and nft (apt install nftables)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
+                    reason=str(silence_needs()))  # fmt: skip
+def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(cluster, sink):
+    # A partition: the server's packets are dropped, no connection is closed or reset.
+    # Before the service set keepalives and tcp_user_timeout, every request sent into it waited
+    # until the network came back (TCP alone gives up after a quarter of an hour).
+    network_timeout = 2.0
+    world = start_world(cluster, sink, 1, postgres_network_timeout_seconds=str(network_timeout))
+    host = world.hosts[0]
+    try:
+        assert [send(host.port, world.headers).status for _ in range(4)] == [200] * 4
+        with Load(world.hosts, world.headers) as load:
+            time.sleep(1)
+            with world.cluster.silenced():
+                silenced = time.monotonic()
+                time.sleep(3)
+                assert host.request("GET", "/healthz")[0] == 200
+                status, body = host.request("GET", "/readyz")
+                assert status == 503 and "store" in body["message"], body
+                time.sleep(silenced + 9 - time.monotonic())
+            healed = time.monotonic()
+            wait_until(lambda: host.request("GET", "/readyz")[0] == 200, timeout=15,
+                       what="ready again")  # fmt: skip
+            time.sleep(3)
+        answers = load.answers
+        # The longest: a request on a connection that went silent under it (the network
+        # timeout), or one that waits for a connection meanwhile (the pool's wait), and slack.
+        longest = network_timeout + 2.0 + 1.5
+        for answer in answers:
+            assert answer.status in (200, 503), answer
+            assert answer.ended - answer.started <= longest, answer
+            if answer.status == 503:
+                assert answer.body["statusCode"] == 503 and "store" in answer.body["message"]
+                assert answer.retry_after is not None
+        while_silent = [a for a in answers if a.started > silenced + 1 and a.ended < healed]
+        # (each load thread answered more than once: none waits for the network to come back)
+        assert len(while_silent) > 2 * LOAD_THREADS, [a.ended - a.started for a in while_silent]
+        assert {a.status for a in while_silent} == {503}
+        back = min(a.started for a in answers if a.status == 200 and a.started > healed)
+        assert back - healed < 10, "no recovery within seconds of the network's return"
+        assert {a.status for a in answers if a.started > healed + 10} <= {200}
+        assert_nothing_lost_or_sent_twice(world, answers, sink)
+    finally:
+        assert "Traceback" not in host.stop(), host.log()
+        world.store.shutdown()
 
 
 @pytest.mark.slow

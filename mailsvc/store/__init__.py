@@ -77,6 +77,7 @@ def open_configured_store(settings: Settings) -> Store:
         statement_timeout_seconds=settings.postgres_statement_timeout_seconds,
         lock_timeout_seconds=settings.postgres_lock_timeout_seconds,
         idle_in_transaction_seconds=settings.postgres_idle_in_transaction_seconds,
+        network_timeout_seconds=settings.postgres_network_timeout_seconds,
     )
     return open_store(settings.database, settings.sqlite_synchronous, server)
 

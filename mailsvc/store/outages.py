@@ -40,6 +40,10 @@ class ServerLimits:
     statement_timeout_seconds: float = 10.0
     lock_timeout_seconds: float = 2.0
     idle_in_transaction_seconds: float = 30.0
+    #: A server that went silent (a partition, a host gone without a word): a connection whose
+    #: data it has not acknowledged for this long, or that answers no TCP keepalive for this
+    #: long once idle, is dropped (``tcp_user_timeout`` and the ``keepalives_*`` of libpq).
+    network_timeout_seconds: float = 5.0
 
 
 DEFAULT_LIMITS = ServerLimits()

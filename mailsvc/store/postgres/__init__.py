@@ -58,6 +58,8 @@ _RETRIES = 5
 #: While the server is unreachable, one thread of a process tries to connect at most this often;
 #: the others are answered at once (a 503), not after a wait.
 PROBE_EVERY_SECONDS = 0.5
+#: How long the others wait for that thread's attempt.
+PROBE_PATIENCE_SECONDS = 0.25
 #: How long a COMMIT cut off on its way is looked up while its transaction is still finishing.
 IN_DOUBT_SECONDS = 1.0
 #: Connections a piece of work is tried on, while the server closed each before the work
@@ -288,11 +290,16 @@ class PostgresStore:
             except PoolTimeout:
                 self._check_reachable()
                 raise
+            began = time.monotonic()
             try:
                 result = work(connection)
             except psycopg.OperationalError:
                 pool.putconn(connection)  # a broken one is dropped, and replaced
                 if attempt == _ATTEMPTS - 1 or not connection.broken:
+                    raise
+                if time.monotonic() - began >= self.server.wait_seconds:
+                    # It broke by timing out (a server gone silent), not by being closed:
+                    # another connection, or a check of the idle ones, would wait as long.
                     raise
                 pool.check()  # the other idle connections the server closed go too
                 continue
@@ -306,17 +313,19 @@ class PostgresStore:
     def _check_reachable(self) -> None:
         """After no connection came in time: tell an outage (the server cannot be reached,
         raised) from a busy pool (returns)."""
-        psycopg.connect(self.url, connect_timeout=self._connect_timeout()).close()
+        psycopg.connect(self.url, **self._connect_options()).close()
 
     def _borrowable(self) -> ConnectionPool[Any]:
         """The pool, once the server is known to answer. While it was last found unreachable,
         one thread at a time tries to connect (at most every :data:`PROBE_EVERY_SECONDS`): if
         it can, a new pool replaces the old (none of whose connections, nor its backoff, is
-        kept); the others wait for what it finds, and are refused at once while the server
-        was found unreachable less than :data:`PROBE_EVERY_SECONDS` ago."""
+        kept); the others wait :data:`PROBE_PATIENCE_SECONDS` at most for what it finds (a
+        server that answers, answers in less; one gone silent keeps the probe for the whole
+        connect timeout), and are refused at once while the server was found unreachable less
+        than :data:`PROBE_EVERY_SECONDS` ago."""
         if self._down_since is None:
             return self._connections()
-        if not self._probe_lock.acquire(timeout=self.server.wait_seconds):
+        if not self._probe_lock.acquire(timeout=PROBE_PATIENCE_SECONDS):
             raise StoreUnavailable("the server was unreachable; another thread is trying it")
         try:
             if self._down_since is None:  # another thread found it back meanwhile
@@ -324,7 +333,7 @@ class PostgresStore:
             if time.monotonic() - self._probed_at < PROBE_EVERY_SECONDS:
                 raise StoreUnavailable("the server was unreachable; trying it again shortly")
             self._probed_at = time.monotonic()
-            psycopg.connect(self.url, connect_timeout=self._connect_timeout()).close()
+            psycopg.connect(self.url, **self._connect_options()).close()
             with self._lock:
                 stale, self._pool = self._pool, None
             if stale is not None and self._pid == os.getpid():
@@ -338,6 +347,21 @@ class PostgresStore:
 
     def _connect_timeout(self) -> int:
         return max(2, round(self.server.wait_seconds))  # libpq's least (whole seconds)
+
+    def _connect_options(self) -> dict[str, Any]:
+        """libpq's options of every connection: how long to wait for a new one, and when to
+        give up on a server that went silent. Without these, a statement sent into a network
+        partition waits for TCP to give up on its own: a quarter of an hour on Linux."""
+        silent = self.server.network_timeout_seconds
+        idle = max(1, int(silent // 3))  # (whole seconds, as libpq takes them)
+        return {
+            "connect_timeout": self._connect_timeout(),
+            "keepalives": 1,
+            "keepalives_idle": idle,
+            "keepalives_interval": 1,
+            "keepalives_count": max(1, round(silent - idle)),
+            "tcp_user_timeout": round(silent * 1000),
+        }
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
         with self._outages():
@@ -447,7 +471,7 @@ class PostgresStore:
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(
-                    self.url, autocommit=True, connect_timeout=self._connect_timeout()
+                    self.url, autocommit=True, **self._connect_options()
                 )
                 self._listener_pid = os.getpid()
                 self._listener.execute(f"LISTEN {CHANNEL}")
@@ -492,11 +516,9 @@ class PostgresStore:
 
     def _open(self) -> ConnectionPool[Any]:
         """A new pool for this process, with the schema migrated."""
-        connect_timeout = self._connect_timeout()
+        options = self._connect_options()
         try:
-            with psycopg.connect(
-                self.url, autocommit=True, connect_timeout=connect_timeout
-            ) as connection:
+            with psycopg.connect(self.url, autocommit=True, **options) as connection:
                 migrate(connection)
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"{self.setting}: cannot connect ({_first_line(exc)})") from None
@@ -511,7 +533,7 @@ class PostgresStore:
             self.url,
             min_size=1,
             max_size=server.pool_size,
-            kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+            kwargs={"autocommit": True, **options},
             # Once a connection, in the message that makes it: no wait is unbounded.
             configure=lambda connection: connection.execute(limits),
             open=False,
@@ -519,7 +541,7 @@ class PostgresStore:
             timeout=server.wait_seconds,
         )
         try:
-            pool.open(wait=True, timeout=server.wait_seconds + connect_timeout)
+            pool.open(wait=True, timeout=server.wait_seconds + self._connect_timeout())
         except PoolTimeout as exc:
             pool.close()
             raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
