@@ -303,27 +303,31 @@ def silence_needs() -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
                     reason=str(silence_needs()))  # fmt: skip
-def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(cluster, sink):
+@pytest.mark.parametrize("hosts", [1, 2], ids=["one host", "two hosts"])
+def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(
+    cluster, sink, hosts
+):
     # A partition: the server's packets are dropped, no connection is closed or reset.
     # Before the service set keepalives and tcp_user_timeout, every request sent into it waited
     # until the network came back (TCP alone gives up after a quarter of an hour).
     network_timeout = 2.0
-    world = start_world(cluster, sink, 1, postgres_network_timeout_seconds=str(network_timeout))
-    host = world.hosts[0]
+    world = start_world(cluster, sink, hosts, postgres_network_timeout_seconds=str(network_timeout))
     try:
-        assert [send(host.port, world.headers).status for _ in range(4)] == [200] * 4
+        for host in world.hosts:
+            assert [send(host.port, world.headers).status for _ in range(4)] == [200] * 4
         with Load(world.hosts, world.headers) as load:
             time.sleep(1)
             with world.cluster.silenced():
                 silenced = time.monotonic()
                 time.sleep(3)
-                assert host.request("GET", "/healthz")[0] == 200
-                status, body = host.request("GET", "/readyz")
-                assert status == 503 and "store" in body["message"], body
+                for host in world.hosts:
+                    assert host.request("GET", "/healthz")[0] == 200
+                    status, body = host.request("GET", "/readyz")
+                    assert status == 503 and "store" in body["message"], body
                 time.sleep(silenced + 9 - time.monotonic())
             healed = time.monotonic()
-            wait_until(lambda: host.request("GET", "/readyz")[0] == 200, timeout=15,
-                       what="ready again")  # fmt: skip
+            wait_until(lambda: all(h.request("GET", "/readyz")[0] == 200 for h in world.hosts),
+                       timeout=15, what="ready again")  # fmt: skip
             time.sleep(3)
         answers = load.answers
         # The longest: a request on a connection that went silent under it (the network
@@ -344,7 +348,8 @@ def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(
         assert {a.status for a in answers if a.started > healed + 10} <= {200}
         assert_nothing_lost_or_sent_twice(world, answers, sink)
     finally:
-        assert "Traceback" not in host.stop(), host.log()
+        for host in world.hosts:
+            assert "Traceback" not in host.stop(), host.log()
         world.store.shutdown()
 
 
