@@ -238,7 +238,7 @@ def bench_postfix(
 def _relayed(
     folder: Path, sink: Sink, message: bytes, count: int, signer: postfix.OpenDkim | None
 ) -> dict:
-    relay = postfix.Postfix(folder, sink.port, None if signer is None else signer.port).start()
+    relay = postfix.Postfix(folder, sink.port, None if signer is None else signer.socket).start()
     connections = 32
     per_connection = count // connections
     delivered_before = sink.count()

@@ -10,6 +10,8 @@ S32  the same on 32 connections at once (what P uses), and end to end: until the
 P1, P32  a private Postfix (Debian's, its defaults; see :mod:`.postfix`) taking the same
      messages on 1 and 32 connections and relaying them to the same sink, unsigned; end to end
      as S32 (skipped when Postfix is not installed or the bench does not run as root)
+P1dkim, P32dkim  the same with a private OpenDKIM signing each message as Postfix takes it,
+     with mailsvc's key and selector: the same work as mailsvc's (skipped without opendkim)
 
 Each message has a Message-ID of its own (mailsvc takes the same Message-ID again as the same
 email). Each round runs every case once, in that order, with a fresh store and sink; the report
@@ -33,6 +35,8 @@ from email.message import EmailMessage
 from email.policy import SMTP
 from pathlib import Path
 
+from mailsvc.store import open_store
+from mailsvc.store.records import SigningKey
 from tests.servers import Submission
 
 from . import postfix
@@ -87,9 +91,16 @@ def send_all(port: int, payload: list[bytes], connections: int, key: str | None)
     return time.time() - started
 
 
-def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> dict:
+def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> tuple[dict, SigningKey]:
+    """S1, S32 and S32 end to end; and the DKIM key mailsvc signed with (for Pdkim's)."""
     database = str(folder / "bench.sqlite3")
-    _, key = prepare(database)
+    account_id, key = prepare(database)
+    store = open_store(database)
+    signing = store.write(
+        lambda tx: tx.sending_context({}, [(account_id, DOMAIN)]).keys[(account_id, DOMAIN)]
+    )
+    store.shutdown()
+    assert signing is not None
     server = Submission(
         {
             "MAILSVC_DATABASE": database,
@@ -114,14 +125,33 @@ def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> dict:
         log = server.stop()
     if "Traceback" in log:
         raise RuntimeError(log)
-    return {"S1": one / single, "S32": count / many, "S32e2e": count / (last - started)}
+    figures = {"S1": one / single, "S32": count / many, "S32e2e": count / (last - started)}
+    return figures, signing
 
 
-def bench_postfix(folder: Path, sink: Sink, count: int) -> dict:
-    why_not = postfix.available()
+def bench_postfix(folder: Path, sink: Sink, count: int, key: SigningKey | None = None) -> dict:
+    """P1, P32 and P32 end to end; with ``key``, the same with OpenDKIM signing (each figure
+    named with ``dkim`` after its P)."""
+    why_not = postfix.available(signing=key is not None)
     if why_not:
-        return {"skipped": why_not}
-    relay = postfix.Postfix(folder, sink.port).start()
+        return {"skipped" if key is None else "skipped_dkim": why_not}
+    signer = None
+    if key is not None:
+        folder = folder / "signing"  # a Postfix and an OpenDKIM of the case's own
+        signer = postfix.OpenDkim(folder, DOMAIN, key.selector, key.private_pem).start()
+    try:
+        figures = _relayed(folder, sink, count, signer)
+    finally:
+        if signer is not None:
+            signer.stop()
+    if key is None:
+        return figures
+    return {name.replace("P", "Pdkim", 1) if name != "version" else name: value
+            for name, value in figures.items()}  # fmt: skip
+
+
+def _relayed(folder: Path, sink: Sink, count: int, signer: postfix.OpenDkim | None) -> dict:
+    relay = postfix.Postfix(folder, sink.port, None if signer is None else signer.socket).start()
     try:
         one = count // 4
         before = sink.count()
@@ -147,23 +177,32 @@ def one_round(count: int, processes: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-submission-"))
     sink = Sink(folder)
     try:
-        mailsvc = bench_mailsvc(folder, sink, count, processes)
-        return {**mailsvc, **bench_postfix(folder, sink, count)}
+        mailsvc, key = bench_mailsvc(folder, sink, count, processes)
+        return {
+            **mailsvc,
+            **bench_postfix(folder, sink, count),
+            **bench_postfix(folder, sink, count, key),
+        }
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def report(rounds: list[dict]) -> None:
-    figures = ["S1", "S32", "S32e2e", "P1", "P32", "P32e2e"]
+    figures = ["S1", "S32", "S32e2e", "P1", "P32", "P32e2e", "Pdkim1", "Pdkim32", "Pdkim32e2e"]
     ratios = [
         ("S1 / P1", "S1", "P1"),
         ("S32 / P32", "S32", "P32"),
         ("S32e2e / P32e2e", "S32e2e", "P32e2e"),
+        ("S1 / Pdkim1", "S1", "Pdkim1"),
+        ("S32 / Pdkim32", "S32", "Pdkim32"),
+        ("S32e2e / Pdkim32e2e", "S32e2e", "Pdkim32e2e"),
     ]
-    print("round  " + "  ".join(f"{name:>8}" for name in figures) + "   (messages/s)")
+    print("round  " + "  ".join(f"{name:>10}" for name in figures) + "   (messages/s)")
     for number, figure in enumerate(rounds, 1):
-        print(f"{number:>5}  " + "  ".join(f"{figure.get(n, 0):8.0f}" for n in figures))
+        print(f"{number:>5}  " + "  ".join(f"{figure.get(n, 0):10.0f}" for n in figures))
+    if "skipped_dkim" in rounds[0]:
+        print(f"Postfix with OpenDKIM: skipped ({rounds[0]['skipped_dkim']})")
     if "skipped" in rounds[0]:
         print(f"Postfix: skipped ({rounds[0]['skipped']})")
     else:
