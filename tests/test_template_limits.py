@@ -318,10 +318,18 @@ def test_the_cpu_limit_holds_with_filters_at_their_largest_input(name, source):
         "rows": [{"a": n % 97, "b": str(n)} for n in range(sandbox.MAX_ITEMS)],
         "pairs": {str(n): n for n in range(sandbox.MAX_ITEMS)},
     }
+    # What one step costs on this machine now: the same render with one turn of its loop
+    # (its compile included), so that a slow machine's longer step is not taken for a
+    # deadline that was missed.
+    one_turn = source.replace("range(100000)", "range(1)").replace("range(10000)", "range(1)")
+    started = cpu_now()
+    render(None, None, one_turn, variables, limits)
+    step_ms = (cpu_now() - started) * 1000
     started = cpu_now()  # (a render is not charged the heap's full collections)
     # Stopped by its CPU limit, or by the text it made (a sorted copy of 10,000 items a turn).
     stopped = r"more than 100 ms of CPU|made more than \d+ characters of text"
     with pytest.raises(rendering.ValidationFailed, match=stopped):
         render(None, None, source, variables, limits)
     spent_ms = (cpu_now() - started) * 1000
-    assert spent_ms < 125, spent_ms  # 100 ms, and one step over it at most
+    # 100 ms, and one step over it at most (25 ms, or twice a step measured on a slow machine)
+    assert spent_ms < 100 + max(25, 2 * step_ms), (spent_ms, step_ms)
