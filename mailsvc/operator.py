@@ -51,6 +51,7 @@ _COPYING = ServerLimits(
     statement_timeout_seconds=86400.0,
     lock_timeout_seconds=60.0,
     idle_in_transaction_seconds=3600.0,
+    network_timeout_seconds=300.0,  # (a busy server may leave a long copy unacknowledged)
 )
 
 #: What `limits set` sets: requests a minute by route group, and template CPU ms a minute.
