@@ -16,6 +16,7 @@ the others wait, then find nothing left to do.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -60,6 +61,8 @@ _RETRIES = 5
 PROBE_EVERY_SECONDS = 0.5
 #: How long the others wait for that thread's attempt.
 PROBE_PATIENCE_SECONDS = 0.25
+#: The most keepalive probes Linux takes (``TCP_KEEPCNT``; more is refused with EINVAL).
+_MOST_KEEPALIVE_PROBES = 127
 #: How long a COMMIT cut off on its way is looked up while its transaction is still finishing.
 IN_DOUBT_SECONDS = 1.0
 #: Connections a piece of work is tried on, while the server closed each before the work
@@ -354,12 +357,13 @@ class PostgresStore:
         partition waits for TCP to give up on its own: a quarter of an hour on Linux."""
         silent = self.server.network_timeout_seconds
         idle = max(1, int(silent // 3))  # (whole seconds, as libpq takes them)
+        probes = min(_MOST_KEEPALIVE_PROBES, max(1, round(silent - idle)))
         return {
             "connect_timeout": self._connect_timeout(),
             "keepalives": 1,
             "keepalives_idle": idle,
-            "keepalives_interval": 1,
-            "keepalives_count": max(1, round(silent - idle)),
+            "keepalives_interval": max(1, math.ceil((silent - idle) / probes)),
+            "keepalives_count": probes,
             "tcp_user_timeout": round(silent * 1000),
         }
 
