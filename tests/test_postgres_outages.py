@@ -160,6 +160,15 @@ def assert_nothing_lost_or_sent_twice(world: World, answers: list[Answer], sink:
     assert spent == len(emails), "credit spent twice, or for nothing"
 
 
+def assert_alive_but_not_ready(hosts: list[Gunicorn]) -> None:
+    """While the store is out: ``/healthz`` says each host lives, ``/readyz`` that it is not
+    ready, for the store."""
+    for host in hosts:
+        assert host.request("GET", "/healthz")[0] == 200
+        status, body = host.request("GET", "/readyz")
+        assert status == 503 and "store" in body["message"], body
+
+
 def assert_refusals_are_quick_503s(answers: list[Answer]) -> None:
     for answer in answers:
         assert answer.status in (200, 503), answer
@@ -178,10 +187,7 @@ def test_a_restart_under_load_is_a_quick_503_then_recovers_by_itself(world, sink
         world.cluster.stop("fast")
         down = time.monotonic()
         time.sleep(1)
-        for host in world.hosts:
-            assert host.request("GET", "/healthz")[0] == 200
-            status, body = host.request("GET", "/readyz")
-            assert status == 503 and "store" in body["message"], body
+        assert_alive_but_not_ready(world.hosts)
         time.sleep(down + 10 - time.monotonic())
         starting = time.monotonic()  # (it answers before pg_ctl has seen it ready)
         world.cluster.start()
@@ -321,10 +327,7 @@ def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(
             with world.cluster.silenced():
                 silenced = time.monotonic()
                 time.sleep(3)
-                for host in world.hosts:
-                    assert host.request("GET", "/healthz")[0] == 200
-                    status, body = host.request("GET", "/readyz")
-                    assert status == 503 and "store" in body["message"], body
+                assert_alive_but_not_ready(world.hosts)
                 time.sleep(silenced + 9 - time.monotonic())
             healed = time.monotonic()
             wait_until(lambda: all(h.request("GET", "/readyz")[0] == 200 for h in world.hosts),
