@@ -44,8 +44,10 @@ def test_delivered_mail_verifies_against_the_published_record(delivering, sink):
 
 
 def test_each_domain_has_its_own_rsa_2048_key(app):
-    first = make_tenant(app)
-    make_tenant(app, domain="second.test")
+    first = make_tenant(app, domain=None)
+    second = make_tenant(app, domain=None)
+    operator.add_domain(app.store, first.id, VERIFIED, verified=True)  # the default size
+    operator.add_domain(app.store, second.id, "second.test", verified=True)
     one = operator.show_domain(app.store, VERIFIED, first.id)["dkim"]
     two = operator.show_domain(app.store, "second.test")["dkim"]
     assert one["value"] != two["value"]

@@ -23,7 +23,7 @@ from mailsvc.routes import URL_MAP
 from mailsvc.store import WebhookAttempt
 from mailsvc.timestamps import iso_time
 
-from .conftest import email_body, make_tenant
+from .conftest import TEST_KEY_BITS, email_body, make_tenant
 
 
 def test_the_document_is_served_without_a_key_and_is_valid_openapi(client):
@@ -78,9 +78,13 @@ class World:
         self.client = Client(self.app)
         self.tenant = make_tenant(self.app)
         self.sending = operator.create_key(self.app.store, self.tenant.id, "sending")["key"]
-        operator.add_domain(self.app.store, self.tenant.id, "second.test", verified=True)
+        operator.add_domain(
+            self.app.store, self.tenant.id, "second.test", verified=True, key_bits=TEST_KEY_BITS
+        )
         self.poor = make_tenant(self.app, credits=0, domain=None)
-        operator.add_domain(self.app.store, self.poor.id, "poor.test", verified=True)
+        operator.add_domain(
+            self.app.store, self.poor.id, "poor.test", verified=True, key_bits=TEST_KEY_BITS
+        )
         self.counter = 0
 
     def headers(self, key: str | None = None, **more: str) -> dict[str, str]:

@@ -143,7 +143,12 @@ def _relaxed_body(body: bytes) -> bytes:
 
 @lru_cache(maxsize=256)
 def _private_key(pem: str) -> rsa.RSAPrivateKey:
-    """Each key parsed once (the same keys sign message after message)."""
-    key = serialization.load_pem_private_key(pem.encode("ascii"), password=None)
+    """Each key parsed once (the same keys sign message after message). Every key is one
+    :func:`new_signing_key` made, read back from the service's own store, so the checks that
+    guard against a malformed key from outside are skipped: they cost 40-50 ms a key (in each
+    worker, for each domain), against 0.02 ms for the parse."""
+    key = serialization.load_pem_private_key(
+        pem.encode("ascii"), password=None, unsafe_skip_rsa_key_validation=True
+    )
     assert isinstance(key, rsa.RSAPrivateKey)
     return key
