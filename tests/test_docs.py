@@ -67,6 +67,14 @@ def test_every_command_block_is_run_or_says_why_not(path):
             )
 
 
+def test_ci_runs_exactly_the_readmes_test_command():
+    """CI's last line is the README's test command: what a newcomer runs is what CI proves."""
+    [command] = [code for note, code in blocks(ROOT / "README.md") if "test suite's own" in note]
+    ci = (ROOT / ".ci" / "run").read_text().rstrip("\n").splitlines()
+    assert ci[-1] == command.strip()
+    assert " -n 2" in command, "the suite runs in two processes (pytest-xdist)"
+
+
 def routes_table() -> str:
     """The routes table of docs/api.md, as the routing table says it."""
     from mailsvc.http.openapi import route_template
