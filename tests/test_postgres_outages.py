@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from werkzeug.test import Client
 
 from mailsvc import operator
 from mailsvc.store import ServerLimits, StoreOutage, open_store
@@ -386,6 +387,69 @@ def test_mail_sent_while_the_server_is_out_is_recorded_once_it_is_back(cluster, 
         for host in world.hosts:
             assert "Traceback" not in host.stop()
         world.store.shutdown()
+
+
+def test_a_pool_whose_workers_are_all_busy_leaves_leases_that_ran_out_in_an_outage(cluster, sink):
+    """A pool busy to its last worker makes no claim, but it sees the outage in its renewals and
+    outcomes all the same: once the server is back, the claim in its outcome's job leaves alone,
+    for a lease, a lease that ran out meanwhile (its holder, another host, was as cut off, and
+    records what it sent once it can), and does not send that email again."""
+    from mailsvc.app import create_app
+
+    url = cluster.create_database("mailsvc")
+    store = open_store(url)
+    account = operator.create_account(store, "Busy", 100)
+    key = operator.create_key(store, account["id"])["key"]
+    operator.add_domain(store, account["id"], VERIFIED, verified=True, key_bits=1024)
+    arrived, released = threading.Event(), threading.Event()
+
+    def held(data: bytes) -> None:
+        arrived.set()
+        released.wait(30)
+
+    sink.behaviour.data_reply = held
+    app = create_app({"database": url, "smtp_url": sink.url, "delivery_threads": 1,
+                      "lease_seconds": 3, "poll_seconds": 0.2})  # fmt: skip
+    client = Client(app)
+    headers = {"Authorization": f"Bearer {key}"}
+    other = client.post("/v1/emails", json=email_body(subject="Other"), headers=headers)
+    # Another host leases it (and keeps its lease, until the server goes).
+    [leased], _ = store.write(lambda tx: tx.claim_to_send("other-host", time.time(), 3))
+    assert leased.id == other.get_json()["id"]
+    renewing = threading.Event()
+
+    def renew_until_the_outage() -> None:
+        while not renewing.wait(0.5):
+            store.write(lambda tx: tx.renew_leases("other-host", [leased.seq], time.time() + 3))
+
+    renewer = threading.Thread(target=renew_until_the_outage)
+    renewer.start()
+    mine = client.post("/v1/emails", json=email_body(subject="Mine"), headers=headers)
+    app.start()
+    try:
+        assert arrived.wait(30), "the pool's only worker did not get to the relay"
+        renewing.set()
+        renewer.join()
+        cluster.stop("fast")
+        time.sleep(4)  # more than a lease: the other host's runs out, unrenewed
+        released.set()  # the relay takes the pool's email: its outcome waits for the server
+        time.sleep(1)
+        cluster.start()
+        wait_until(lambda: stored_status(url, mine.get_json()["id"]) == "sent", timeout=30,
+                   what="the pool's outcome recorded")  # fmt: skip
+        time.sleep(1)  # the pool's claims meanwhile (its outcome's, its claimer's) leave it alone
+        assert [str(m.message["Subject"]) for m in sink.messages] == ["Mine"]
+        assert stored_status(url, leased.id) == "sending"
+    finally:
+        released.set()
+        app.stop(graceful=True, timeout=5)
+        store.shutdown()
+
+
+def stored_status(url: str, email_id: str) -> str:
+    with psycopg.connect(url) as connection:
+        row = connection.execute("SELECT status FROM emails WHERE id = %s", (email_id,)).fetchone()
+    return row[0]
 
 
 @pytest.mark.slow

@@ -72,12 +72,16 @@ class LeasedPool(Generic[Item]):
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
         self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
-        #: When this pool's last claim found the store working (its clock); while its claims
-        #: meet an outage, that time; once it is over, leases that ran out since then are left
-        #: alone until a monotonic time.
+        #: When this pool last found the store working (its clock); while its writes meet an
+        #: outage, that time; once it is over, leases that ran out since then are left alone
+        #: until a monotonic time. Every write tells (claims, outcomes, renewals): a pool whose
+        #: workers are all busy makes no claim, and would otherwise not know of an outage, and
+        #: take at once, in an outcome's job, a lease that ran out in it while its holder
+        #: waited to record the piece it had done.
         self._store_seen_at = 0.0
         self._outage_began: float | None = None
         self._outage_leases: tuple[float, float] | None = None
+        self._outage_lock = threading.Lock()
         #: Claims this pool has made (each a look at the store, whatever it found): what a
         #: caller waits on to know the pool has looked since some moment.
         self.claims = 0
@@ -228,11 +232,30 @@ class LeasedPool(Generic[Item]):
         wait = 0.1
         while True:
             try:
-                return self.store.write(job)
+                result = self.store.write(job)
             except StoreOutage:
+                self._store_out()
                 if self._stopped.wait(wait):
                     raise
                 wait = min(wait * 2, RECORD_RETRY_MAX_SECONDS)
+            else:
+                self._store_working()
+                return result
+
+    def _store_out(self) -> None:
+        """A write of this pool met a store outage."""
+        with self._outage_lock:
+            if self._outage_began is None:
+                self._outage_began = self._store_seen_at
+
+    def _store_working(self) -> None:
+        """A write of this pool went through: an outage it saw is over."""
+        with self._outage_lock:
+            if self._outage_began is not None:
+                ends = time.monotonic() + self.lease_seconds
+                self._outage_leases = (self._outage_began, ends)
+                self._outage_began = None
+            self._store_seen_at = self.clock()
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -253,18 +276,13 @@ class LeasedPool(Generic[Item]):
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
             except StoreOutage:  # logged by the store, once
-                if self._outage_began is None:
-                    self._outage_began = self._store_seen_at
+                self._store_out()
                 batch = []
             except Exception:
                 log.exception("%s: claiming failed; trying again at the next poll", self.name)
                 batch = []
             else:
-                if self._outage_began is not None:
-                    ends = time.monotonic() + self.lease_seconds
-                    self._outage_leases = (self._outage_began, ends)
-                    self._outage_began = None
-                self._store_seen_at = self.clock()
+                self._store_working()
             self.claims += 1
             if len(batch) < wanted:
                 self.unclaimed(wanted - len(batch))
@@ -350,9 +368,11 @@ class LeasedPool(Generic[Item]):
                 # A renewal lost with the power goes with the process that held the lease.
                 self.store.write(partial(self._renew, keys=keys), False)
             except StoreOutage:  # logged by the store, once
-                pass
+                self._store_out()
             except Exception:
                 log.exception("%s: renewing leases failed; again in %.0f s", self.name, lease / 3)
+            else:
+                self._store_working()
 
     def _renew(self, tx: Writes, keys: Sequence[int]) -> int:
         return self.renew(tx, keys, self.clock() + self.lease_seconds)
