@@ -1,13 +1,16 @@
 """A TCP proxy on loopback in front of PostgreSQL that counts round trips: each time a client,
 having heard from the server, sends again (it had waited for an answer), on every connection,
 with what it sent each time. It can also break a connection at a chosen message, before the
-server has it or after the server has answered it (a COMMIT whose answer never comes)."""
+server has it or after the server has answered it (a COMMIT whose answer never comes), and
+then, for a while, break every connection and refuse new ones (the server cannot be asked what
+became of that COMMIT)."""
 
 from __future__ import annotations
 
 import selectors
 import socket
 import threading
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 #: The server's ReadyForQuery message ('Z', its length, a status byte): it has answered all that
@@ -35,25 +38,48 @@ class CountingProxy:
         self._running = True
         #: (marker, whether the server gets the message) of the next connection to break.
         self._cut: tuple[bytes, bool] | None = None
+        #: A connection breaks at ``marker`` only once it has sent this (None: at once).
+        self._armed_by: bytes | None = None
+        #: How long after a cut every connection breaks, and until when (monotonic).
+        self._out_for = 0.0
+        self._out_until = 0.0
         #: Connections broken so far.
         self.cuts = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut(self, marker: bytes, server_gets_it: bool) -> None:
-        """Break the connection on which a client next sends a message holding ``marker``:
-        before the server has it, or once the server has answered it (the answer is not
-        passed on)."""
+    def cut(
+        self,
+        marker: bytes,
+        server_gets_it: bool,
+        after: bytes | None = None,
+        then_out_for: float = 0.0,
+    ) -> None:
+        """Break the connection on which a client next sends a message holding ``marker``
+        (having sent one holding ``after`` before it, if given): before the server has it, or
+        once the server has answered it (the answer is not passed on). Then, for
+        ``then_out_for`` seconds, every connection breaks at its client's next message, and
+        new ones are closed at once."""
         with self._lock:
             self._cut = (marker, server_gets_it)
+            self._armed_by = after
+            self._out_for = then_out_for
 
-    def _cut_here(self, data: bytes) -> tuple[bytes, bool] | None:
+    def _cut_here(self, data: bytes, armed: bool) -> tuple[bytes, bool] | None:
         with self._lock:
             cut = self._cut
-            if cut is None or cut[0] not in data:
+            if cut is None or cut[0] not in data or not armed:
                 return None
             self._cut = None
             self.cuts += 1
+            self._out_until = time.monotonic() + self._out_for
             return cut
+
+    def _arms(self, data: bytes) -> bool:
+        with self._lock:
+            return self._armed_by is None or self._armed_by in data
+
+    def _out(self) -> bool:
+        return time.monotonic() < self._out_until
 
     def reset(self) -> None:
         with self._lock:
@@ -69,6 +95,9 @@ class CountingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._out():
+                client.close()
+                continue
             server = socket.create_connection(self.target)
             with self._lock:
                 self.opened += 1
@@ -86,6 +115,7 @@ class CountingProxy:
         # for ever).
         answered = b""
         swallowing = False
+        armed = False
         try:
             while True:
                 for key, _ in selector.select():
@@ -101,7 +131,10 @@ class CountingProxy:
                             return
                         continue
                     if key.data == "client":
-                        cut = self._cut_here(data)
+                        if self._out():
+                            return
+                        armed = armed or self._arms(data)
+                        cut = self._cut_here(data, armed)
                         if cut is not None:
                             if not cut[1]:
                                 return

@@ -521,3 +521,56 @@ def test_a_claim_whose_commit_went_unanswered_is_looked_up_not_left_leased(
     finally:
         store.shutdown()
         proxy.close()
+
+
+def test_a_claim_in_doubt_is_given_back_once_the_server_answers_not_left_for_its_lease(
+    postgres_database, sink, tmp_path
+):
+    """The claim's COMMIT reaches the server, its answer is lost, and for two seconds the
+    server cannot be asked what became of it: the claimer cannot know that the email is leased
+    to it. Once the server answers again, the pool gives back the leases of its own it does not
+    hold, and the email goes out at once, not when its lease (a minute here) runs out."""
+    from .pg_proxy import CountingProxy
+
+    schema = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(postgres_database, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+    direct = f"{postgres_database}?options={quote(f'-c search_path={schema}')}"
+    proxy = CountingProxy(direct)
+    app = create_app(
+        {
+            "database": proxy.url,
+            "store_min_free_mb": 0,
+            "smtp_url": sink.url,
+            "delivery_threads": 1,
+            "lease_seconds": 60,
+            "poll_seconds": 0.2,
+            "outbox": str(tmp_path / "outbox"),
+        }
+    )
+    try:
+        tenant, client = make_tenant(app), Client(app)
+        sent = client.post("/v1/emails", json=email_body(), headers=tenant.headers).get_json()
+        # The COMMIT of the transaction that claims it (its UPDATE adds an attempt).
+        proxy.cut(b"COMMIT", True, after=b"attempts = attempts + 1", then_out_for=2.0)
+        started = time.monotonic()
+        app.start()
+        wait_until(lambda: proxy.cuts == 1, timeout=10, what="the claim's COMMIT cut off")
+        wait_until(lambda: sink.messages, timeout=20, what="the email delivered")
+        assert time.monotonic() - started < 20
+        assert [m.message_id for m in sink.messages] == [f"<{sent['id']}@{VERIFIED}>"]
+        with psycopg.connect(direct) as connection:
+            row = connection.execute(
+                "SELECT status, lease_owner, attempts FROM emails WHERE id = %s", (sent["id"],)
+            ).fetchone()
+        shown = f"/v1/emails/{sent['id']}"
+        wait_until(
+            lambda: client.get(shown, headers=tenant.headers).get_json()["status"] == "sent",
+            timeout=10,
+            what="its outcome recorded",
+        )
+        assert row is not None and row[2] == 1, "the claim given back is not counted an attempt"
+    finally:
+        app.stop(graceful=True, timeout=5)
+        app.store.shutdown()
+        proxy.close()

@@ -613,6 +613,35 @@ def test_webhook_leases_that_ran_out_during_an_outage_are_left_to_their_holders(
     assert {d.event_id for d, _ in taken} == {"msg_0"}
 
 
+def test_an_owners_leases_are_listed_by_every_store_and_given_back_once(stores):
+    """After an outage, a process lists its leases (those of its claims whose answers were
+    lost among them) and gives back those it does not hold: a finished email is no lease."""
+    from mailsvc.store import WebhookEvent
+
+    store = stores[0]
+    owner = hooked_account(store, endpoints=2)
+    sender_domain(store, owner)
+    emails = [new_email(f"em_{n}", owner, "a@verified.test", created_at=100.0) for n in range(3)]
+    store.write(lambda tx: tx.enqueue_emails(emails))
+    held = store.write(lambda tx: tx.claim_due("me", 100.0, 60.0, 2))
+    store.write(lambda tx: tx.claim_due("other", 100.0, 60.0, 1))
+    seqs = sorted(email.seq for email in held)
+    assert [s.write(lambda tx: tx.email_leases("me")) for s in stores] == [seqs] * len(stores)
+    given = [s.write(lambda tx: tx.release_claims("me", seqs[1:], 120.0)) for s in stores]
+    assert sorted(given, reverse=True) == [1] + [0] * (len(stores) - 1)
+    assert stores[1].write(lambda tx: tx.email_leases("me")) == seqs[:1]
+    assert stores[2].write(lambda tx: tx.email_leases("nobody")) == []
+
+    event = WebhookEvent("msg_m", "email.sent", "{}")
+    store.write(lambda tx: tx.add_webhook_events(owner, None, [event], 100.0))
+    leased = store.write(lambda tx: tx.claim_webhook_deliveries("me", 100.0, 60.0, 10, 5))
+    leased_seqs = sorted(delivery.seq for delivery, _ in leased)
+    assert len(leased_seqs) == 2
+    assert stores[1].write(lambda tx: tx.webhook_delivery_leases("me")) == leased_seqs
+    stores[2].write(lambda tx: tx.release_webhook_claims("me", leased_seqs[:1], 120.0))
+    assert store.write(lambda tx: tx.webhook_delivery_leases("me")) == leased_seqs[1:]
+
+
 def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):
     store = stores[0]
     owner = account(store)

@@ -179,6 +179,10 @@ class DeliveryPool(LeasedPool[Claimed]):
     def renew(self, tx: Writes, keys: Sequence[int], until: float) -> int:
         return tx.renew_leases(self.owner, keys, until)
 
+    def give_back_unknown(self, tx: Writes, held: set[int]) -> int:
+        unknown = [seq for seq in tx.email_leases(self.owner) if seq not in held]
+        return tx.release_claims(self.owner, unknown, self.clock())
+
     def open_worker(self) -> Transport:
         return self.transport_factory(self.settings, self.relay_health)
 
@@ -241,7 +245,7 @@ class DeliveryPool(LeasedPool[Claimed]):
             return self.claim_next(tx) if relay_took_it else None
 
         try:
-            following = self.record(record)
+            following = self.record(record, claims=True)
         except LeaseLost:
             log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
             return None

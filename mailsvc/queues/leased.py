@@ -20,7 +20,8 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -82,6 +83,15 @@ class LeasedPool(Generic[Item]):
         self._outage_began: float | None = None
         self._outage_leases: tuple[float, float] | None = None
         self._outage_lock = threading.Lock()
+        #: Set when the store answers again after an outage this pool saw: a claim of its own
+        #: may have committed while its answer was lost (the server could not be asked), its
+        #: leases known to nobody until they run out. Before its next claim, the claimer gives
+        #: back every lease of :attr:`owner` the pool does not hold, while no worker's outcome
+        #: (whose job may claim the worker's next piece) is on its way.
+        self._leases_in_doubt = False
+        self._claims_gate = threading.Condition()
+        self._claims_under_way = 0
+        self._giving_back = False
         #: Claims this pool has made (each a look at the store, whatever it found): what a
         #: caller waits on to know the pool has looked since some moment.
         self.claims = 0
@@ -125,6 +135,10 @@ class LeasedPool(Generic[Item]):
         raise NotImplementedError
 
     def renew(self, tx: Writes, keys: Sequence[int], until: float) -> int:
+        raise NotImplementedError
+
+    def give_back_unknown(self, tx: Writes, held: set[int]) -> int:
+        """Give back the pieces leased to :attr:`owner` but not in ``held``; how many."""
         raise NotImplementedError
 
     def open_worker(self) -> Any:
@@ -224,15 +238,20 @@ class LeasedPool(Generic[Item]):
             return None
         return window[0]
 
-    def record(self, job: Callable[[Writes], Result]) -> Result:
+    def record(self, job: Callable[[Writes], Result], claims: bool = False) -> Result:
         """Write a piece's outcome, waiting out a store outage rather than dropping it (an
         outcome lost is work done again, mail sent twice, once the lease expires; the keeper
         renews the lease when the store is back). Raises the outage only once the pool has
-        stopped."""
+        stopped. ``claims``: the job may lease the worker its next piece (its result), held
+        from the moment the job is done."""
         wait = 0.1
         while True:
             try:
-                result = self.store.write(job)
+                with self._claiming():
+                    result = self.store.write(job)
+                    if claims and result is not None:
+                        with self._held_lock:
+                            self._held.add(self.key(result))  # type: ignore[arg-type]
             except StoreOutage:
                 self._store_out()
                 if self._stopped.wait(wait):
@@ -255,7 +274,46 @@ class LeasedPool(Generic[Item]):
                 ends = time.monotonic() + self.lease_seconds
                 self._outage_leases = (self._outage_began, ends)
                 self._outage_began = None
+                self._leases_in_doubt = True
             self._store_seen_at = self.clock()
+
+    @contextmanager
+    def _claiming(self) -> Iterator[None]:
+        """For a write that may lease pieces to this pool, until they are held."""
+        with self._claims_gate:
+            while self._giving_back:
+                self._claims_gate.wait()
+            self._claims_under_way += 1
+        try:
+            yield
+        finally:
+            with self._claims_gate:
+                self._claims_under_way -= 1
+                self._claims_gate.notify_all()
+
+    def _give_back_leases_in_doubt(self) -> None:
+        """Give back the leases of :attr:`owner` this pool does not hold (see
+        :attr:`_leases_in_doubt`); called by the claimer, which makes no claim meanwhile."""
+        with self._claims_gate:
+            self._giving_back = True
+            while self._claims_under_way:
+                self._claims_gate.wait()
+        try:
+            with self._held_lock:
+                held = set(self._held)
+            given = self.store.write(lambda tx: self.give_back_unknown(tx, held))
+            self._leases_in_doubt = False
+            if given:
+                log.warning(
+                    "%s: gave back %d leases claimed as the store went out (their claim's "
+                    "answer was lost)",
+                    self.name,
+                    given,
+                )
+        finally:
+            with self._claims_gate:
+                self._giving_back = False
+                self._claims_gate.notify_all()
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -273,6 +331,8 @@ class LeasedPool(Generic[Item]):
                 self._signalled = False
             next_due = None
             try:
+                if self._leases_in_doubt:
+                    self._give_back_leases_in_doubt()
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
             except StoreOutage:  # logged by the store, once

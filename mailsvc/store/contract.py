@@ -488,6 +488,11 @@ class Writes(Reads, Protocol):
         """Give back emails ``owner`` leased but never attempted, due at once for anyone."""
         ...
 
+    def email_leases(self, owner: str) -> list[int]:
+        """The emails ``owner`` holds a lease on (run out or not): after a store outage, a
+        process gives back those it does not know of (a claim whose answer was lost)."""
+        ...
+
     def add_event(
         self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
     ) -> None:
@@ -611,6 +616,10 @@ class Writes(Reads, Protocol):
     def disable_webhook(self, webhook_id: str, reason: str, now: float) -> None: ...
 
     def release_webhook_claims(self, owner: str, seqs: Sequence[int], now: float) -> int: ...
+
+    def webhook_delivery_leases(self, owner: str) -> list[int]:
+        """As :meth:`email_leases`, of webhook deliveries."""
+        ...
 
     # -- operating it ---------------------------------------------------------------------
 

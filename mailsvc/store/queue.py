@@ -412,6 +412,14 @@ class QueueVerbs(HistoryVerbs):
         )
         return cursor.rowcount
 
+    def email_leases(self, owner: str) -> list[int]:
+        # A leased email is due (at its lease's end): the partial index of due emails serves.
+        rows = self.connection.execute(
+            "SELECT seq FROM emails WHERE due_at IS NOT NULL AND lease_owner = ? ORDER BY seq",
+            (owner,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def release_claims(self, owner: str, seqs: Sequence[int], now: float) -> int:
         if not seqs:
             return 0

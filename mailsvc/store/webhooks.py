@@ -366,6 +366,14 @@ class WebhookVerbs:
         )
         return cursor.rowcount
 
+    def webhook_delivery_leases(self, owner: str) -> list[int]:
+        rows = self.connection.execute(
+            "SELECT seq FROM webhook_deliveries WHERE due_at IS NOT NULL AND lease_owner = ? "
+            "ORDER BY seq",
+            (owner,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def list_webhook_deliveries(
         self, account_id: str, webhook_id: str, before_seq: int | None, limit: int
     ) -> list[WebhookDelivery]:

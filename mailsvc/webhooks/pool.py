@@ -120,6 +120,10 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
     def renew(self, tx: Writes, keys: Sequence[int], until: float) -> int:
         return 0  # a request ends long before its lease (see __init__)
 
+    def give_back_unknown(self, tx: Writes, held: set[int]) -> int:
+        unknown = [seq for seq in tx.webhook_delivery_leases(self.owner) if seq not in held]
+        return tx.release_webhook_claims(self.owner, unknown, self.clock())
+
     def do(self, item: tuple[WebhookDelivery, Webhook], state: Any) -> None:
         delivery, webhook = item
         now = self.clock()
