@@ -268,14 +268,21 @@ class LeasedPool(Generic[Item]):
                 self._outage_began = self._store_seen_at
 
     def _store_working(self) -> None:
-        """A write of this pool went through: an outage it saw is over."""
+        """A write of this pool went through: an outage it saw is over. The claimer is woken
+        to give back the leases in doubt at once: while the queue is long, each worker's
+        outcome claims its next piece, no worker is idle, and the claimer would not wake."""
         with self._outage_lock:
-            if self._outage_began is not None:
+            began = self._outage_began
+            ended = began is not None
+            if began is not None:
                 ends = time.monotonic() + self.lease_seconds
-                self._outage_leases = (self._outage_began, ends)
+                self._outage_leases = (began, ends)
                 self._outage_began = None
                 self._leases_in_doubt = True
             self._store_seen_at = self.clock()
+        if ended:
+            with self._wakeup:
+                self._wakeup.notify_all()
 
     @contextmanager
     def _claiming(self) -> Iterator[None]:
@@ -301,8 +308,9 @@ class LeasedPool(Generic[Item]):
         try:
             with self._held_lock:
                 held = set(self._held)
-            given = self.store.write(lambda tx: self.give_back_unknown(tx, held))
+            # Tried once a time the store comes back: an outage meanwhile sets it again.
             self._leases_in_doubt = False
+            given = self.store.write(lambda tx: self.give_back_unknown(tx, held))
             if given:
                 log.warning(
                     "%s: gave back %d leases claimed as the store went out (their claim's "
@@ -310,6 +318,10 @@ class LeasedPool(Generic[Item]):
                     self.name,
                     given,
                 )
+        except StoreOutage:  # logged by the store, once
+            self._store_out()
+        except Exception:
+            log.exception("%s: giving back leases in doubt failed", self.name)
         finally:
             with self._claims_gate:
                 self._giving_back = False
@@ -320,19 +332,23 @@ class LeasedPool(Generic[Item]):
     def _claim_loop(self) -> None:
         next_poll = time.monotonic()
         while True:
+            if self._leases_in_doubt:  # whether or not a worker is idle (see _store_working)
+                self._give_back_leases_in_doubt()
             with self._wakeup:
-                while self._running and not self._claim_now(next_poll):
+                while (
+                    self._running and not self._leases_in_doubt and not self._claim_now(next_poll)
+                ):
                     self._wakeup.wait(self._sleep(next_poll))
                 if not self._running:
                     return
+                if self._leases_in_doubt:
+                    continue
                 wanted, self._held_back_until = self.admits(self._idle)
                 if not wanted:
                     continue  # the signal, if any, stays for when claims may resume
                 self._signalled = False
             next_due = None
             try:
-                if self._leases_in_doubt:
-                    self._give_back_leases_in_doubt()
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
             except StoreOutage:  # logged by the store, once
