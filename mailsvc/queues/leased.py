@@ -281,14 +281,13 @@ class LeasedPool(Generic[Item]):
             return
         with self._outage_lock:
             began = self._outage_began
-            ended = began is not None
             if began is not None:
                 ends = time.monotonic() + self.lease_seconds
                 self._outage_leases = (began, ends)
                 self._outage_began = None
                 self._leases_in_doubt = True
             self._store_seen_at = self.clock()
-        if ended:
+        if began is not None:
             with self._wakeup:
                 self._wakeup.notify_all()
 
