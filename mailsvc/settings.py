@@ -241,7 +241,8 @@ SETTINGS: tuple[Setting, ...] = (
         5.0,
         "Longest the service waits on a PostgreSQL server that has gone silent (a network "
         "partition, a host gone without closing its connections): TCP keepalives and "
-        "`tcp_user_timeout` drop the connection, and its request is answered 503.",
+        "`tcp_user_timeout`, at both ends, drop the connection, and its request is answered "
+        "503.",
         _positive_float,
     ),
     Setting(

@@ -355,17 +355,25 @@ class PostgresStore:
         """libpq's options of every connection: how long to wait for a new one, and when to
         give up on a server that went silent. Without these, a statement sent into a network
         partition waits for TCP to give up on its own: a quarter of an hour on Linux."""
-        silent = self.server.network_timeout_seconds
-        idle = max(1, int(silent // 3))  # (whole seconds, as libpq takes them)
-        probes = min(_MOST_KEEPALIVE_PROBES, max(1, round(silent - idle)))
+        idle, interval, probes, user_timeout_ms = self._keepalives()
         return {
             "connect_timeout": self._connect_timeout(),
             "keepalives": 1,
             "keepalives_idle": idle,
-            "keepalives_interval": max(1, math.ceil((silent - idle) / probes)),
+            "keepalives_interval": interval,
             "keepalives_count": probes,
-            "tcp_user_timeout": round(silent * 1000),
+            "tcp_user_timeout": user_timeout_ms,
         }
+
+    def _keepalives(self) -> tuple[int, int, int, int]:
+        """TCP keepalive idle and interval seconds, probes, and ``tcp_user_timeout`` (ms) that
+        drop a connection silent for the network timeout; both ends set them (see
+        :meth:`_open`)."""
+        silent = self.server.network_timeout_seconds
+        idle = max(1, int(silent // 3))  # (whole seconds, as both ends take them)
+        probes = min(_MOST_KEEPALIVE_PROBES, max(1, round(silent - idle)))
+        interval = max(1, math.ceil((silent - idle) / probes))
+        return idle, interval, probes, round(silent * 1000)
 
     def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
         with self._outages():
@@ -527,11 +535,19 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"{self.setting}: cannot connect ({_first_line(exc)})") from None
         server = self.server
+        idle, interval, probes, user_timeout_ms = self._keepalives()
         limits = (
             f"SET statement_timeout = {round(server.statement_timeout_seconds * 1000)}; "
             f"SET lock_timeout = {round(server.lock_timeout_seconds * 1000)}; "
             f"SET idle_in_transaction_session_timeout = "
-            f"{round(server.idle_in_transaction_seconds * 1000)}"
+            f"{round(server.idle_in_transaction_seconds * 1000)}; "
+            # The server's end of the connection too: a backend whose client vanished in a
+            # partition (its connection dropped at the client's end, no word reaching the
+            # server) while the server waited for the rest of a pipeline is not "idle in a
+            # transaction", and without these would hold its rows' locks for the system's two
+            # hours of keepalive, making every write on those rows busy.
+            f"SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = {interval}; "
+            f"SET tcp_keepalives_count = {probes}; SET tcp_user_timeout = {user_timeout_ms}"
         )
         pool: ConnectionPool[Any] = ConnectionPool(
             self.url,
