@@ -86,9 +86,9 @@ def test_unauthenticated_requests_cost_less_cpu_than_authenticated_reads(client,
             assert client.get("/v1/account", headers=tenant.headers).status_code == 200
 
     unauthenticated(), authenticated()  # warm both up
-    # The CPU of this thread, where the test client runs the app: a read's token is taken by
-    # the store's writer thread, which is left out (so reads look cheaper than they are), and
-    # so is whatever else the process runs meanwhile. The best of interleaved rounds, as a
+    # The CPU of this thread, where the test client runs the app (a read's token is taken in
+    # a write, which SQLite commits on this thread; PostgreSQL's server is left out, and so
+    # is whatever else the process runs meanwhile). The best of interleaved rounds, as a
     # garbage collection or a stall counts against one round, not one kind.
     spent: dict[str, list[float]] = {"unauthenticated": [], "authenticated": []}
     for _ in range(5):

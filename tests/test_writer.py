@@ -12,7 +12,7 @@ import pytest
 
 from mailsvc.store import SqliteStore
 
-pytestmark = pytest.mark.sqlite_only  # the SQLite backend's own writer thread
+pytestmark = pytest.mark.sqlite_only  # the SQLite backend's own group commit
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_jobs_that_wait_while_one_commits_share_one_transaction(db):
     for caller in callers:
         caller.start()
     deadline = time.monotonic() + 5
-    while db._writer._queue.qsize() < len(callers):
+    while db._writer.queued() < len(callers):
         assert time.monotonic() < deadline, "the callers' jobs never queued behind the holder"
         time.sleep(0.001)
     release.set()
@@ -92,10 +92,17 @@ def test_writes_and_reads_reuse_their_connections(db):
     assert open_files() <= before + 2
 
 
-def test_a_writer_started_again_after_a_stop_waits_for_the_stopped_one(db):
-    """A stop lets the writer finish its last jobs and close the write connection; a write
-    right after it starts another writer, which must not use that connection meanwhile (two
-    threads on one SQLite connection, one closing it, crash the process)."""
+def test_a_write_that_meets_no_other_runs_on_its_callers_thread(db):
+    # No hand-off to another thread and back (each a wake-up of a sleeping thread).
+    ran_on = db.write(lambda tx: threading.current_thread())
+    assert ran_on is threading.current_thread()
+    assert db._writer.queued() == 0
+
+
+def test_a_stop_while_others_write_closes_the_connection_only_between_batches(db):
+    """A stop closes the write connection once the batch under way is done; the next write
+    opens it again, and none uses it while it closes (two threads on one SQLite connection,
+    one closing it, crash the process)."""
     written: list[str] = []
 
     def keep_writing(name: str) -> None:
@@ -118,7 +125,7 @@ def test_a_writer_started_again_after_a_stop_waits_for_the_stopped_one(db):
 def test_a_job_alone_runs_without_a_savepoint_and_a_failure_leaves_nothing(db):
     db.write(_insert("first"))
     statements: list[str] = []
-    db._writing[0].set_trace_callback(statements.append)  # the writer thread's connection
+    db._writing[0].set_trace_callback(statements.append)  # the write connection
 
     with pytest.raises(ValueError, match="undone failed"):
         db.write(_insert("undone", fail=True))

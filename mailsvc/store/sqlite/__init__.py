@@ -1,12 +1,12 @@
 """The embedded store: one SQLite file shared by every thread and gunicorn worker of a machine.
 
 Reads run on a small pool of connections that may only read (``query_only``); in WAL mode a
-reader never waits for the writer. Writes go through this process's writer thread, which
-group-commits (see :mod:`.writer`). The writers of several processes are serialised by an
-``flock`` on a lock file beside the database, taken before ``BEGIN IMMEDIATE``: a waiting writer
-sleeps in the kernel and wakes the moment the lock is free, instead of in SQLite's busy handler,
-which polls in steps of up to 100 ms. Connections are opened lazily, in the process that uses
-them, and never carried across ``fork()``.
+reader never waits for the writer. Writes are group-committed on this process's one write
+connection, by the caller that finds no commit under way (see :mod:`.writer`). The writers of
+several processes are serialised by an ``flock`` on a lock file beside the database, taken
+before ``BEGIN IMMEDIATE``: a waiting writer sleeps in the kernel and wakes the moment the lock
+is free, instead of in SQLite's busy handler, which polls in steps of up to 100 ms. Connections
+are opened lazily, in the process that uses them, and never carried across ``fork()``.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class SqliteStore:
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._idle: list[sqlite3.Connection] = []
-        #: The writer thread's connection, its lock file, and the process that opened them.
+        #: The write connection, its lock file, and the process that opened them.
         self._writing: tuple[sqlite3.Connection, int, int] | None = None
         #: Called with how long each job of a committed transaction waited (the metrics).
         self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
@@ -203,7 +203,7 @@ class SqliteStore:
 
     @contextmanager
     def _transaction(self, durable: bool) -> Iterator[SqlVerbs]:
-        """A write transaction on the writer thread's connection, under the file lock."""
+        """A write transaction on the write connection, under the file lock."""
         if self._writing is None or self._writing[2] != os.getpid():
             lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT)
             self._writing = (self._open(), lock_fd, os.getpid())

@@ -1,18 +1,23 @@
-"""Group commit: one writer thread per process runs everyone's write jobs, many to a transaction.
+"""Group commit without a thread of its own: whoever writes first commits for everyone waiting.
 
 Request threads and delivery threads hand their work to the writer as a function of the
-transaction and wait for its result. While one batch commits, the next one gathers, so under
-load many jobs share one lock acquisition and one fsync, and only one thread in each process
-competes for the database's write lock. Each job runs in a savepoint of its own: a job that
-raises leaves no trace, and the others in its batch commit as if it had not been there.
+transaction. A caller that finds no transaction under way leads: it runs its own job, with
+every job that queued meanwhile, in one transaction, on the process's one write connection. The
+callers that come while it commits queue, and wait; when it is done, the first of them leads
+the next batch, with everything that queued. So under load many jobs share one lock acquisition
+and one fsync, only one thread in each process competes for the database's write lock, and a
+write that meets no other costs no hand-off between threads at all (each one is a wake-up of
+a sleeping thread: on a virtual machine, about 0.1 ms of CPU). Each job runs in a savepoint of
+its own: a job that raises leaves no trace, and the others in its batch commit as if it had not
+been there.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Generic, TypeVar
@@ -26,23 +31,25 @@ MAX_BATCH = 64
 
 
 class _Job(Generic[Result]):
-    __slots__ = ("work", "durable", "done", "result", "error", "queued_at")
+    __slots__ = ("work", "durable", "wake", "finished", "leads", "result", "error", "queued_at")
 
     def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
         self.queued_at = time.perf_counter()
-        self.done = threading.Event()
+        #: Set when the job is finished, or when its caller is to lead the next batch.
+        self.wake = threading.Event()
+        self.finished = False
+        self.leads = False
         self.result: Result | None = None
         self.error: BaseException | None = None
 
 
 class Writer:
-    """The writer of one process; it starts on first use, in the process that uses it (so a
-    thread is never carried across ``fork()``).
+    """The writer of one process: the queue of jobs, and which caller commits them.
 
-    :param transaction: opens a write transaction on the writer thread's connection.
-    :param close: closes that connection, when the thread ends.
+    :param transaction: opens a write transaction on the process's write connection.
+    :param close: closes that connection (it is opened again by the next transaction).
     :param observe: called with how long each job of a transaction waited for it.
     """
 
@@ -55,11 +62,13 @@ class Writer:
         self._transaction = transaction
         self._close = close
         self._observe = observe
-        self._queue: queue.SimpleQueue[_Job[object] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queue: deque[_Job[object]] = deque()
+        #: A caller is committing (or handing over to the next).
+        self._leading = False
+        #: The write connection is to be closed once the batch under way is done.
+        self._closing = False
         self._pid: int | None = None
-        self._start_lock = threading.Lock()
-        #: The thread of the last start, and the process that started it.
-        self._thread: tuple[threading.Thread, int] | None = None
 
     def run(self, work: Callable[[SqlVerbs], Result], durable: bool = True) -> Result:
         """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
@@ -67,60 +76,74 @@ class Writer:
         :param durable: the result is returned only once the commit is on disk. A batch is
             durable when any of its jobs asks for it.
         """
-        self._ensure_started()
         job: _Job[Result] = _Job(work, durable)
-        self._queue.put(job)  # type: ignore[arg-type]
-        job.done.wait()
+        with self._lock:
+            self._this_process()
+            self._queue.append(job)  # type: ignore[arg-type]
+            if not self._leading:
+                self._leading = job.leads = True
+        while not job.finished:
+            if job.leads:
+                self._lead(job)  # type: ignore[arg-type]
+            else:
+                job.wake.wait()
+                job.wake.clear()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]
 
     def stop(self) -> None:
-        """End the writer thread once the jobs before now are done; the next :meth:`run`
-        starts a new one."""
-        with self._start_lock:
-            if self._pid == os.getpid():
-                self._queue.put(None)
-                self._pid = None
-
-    def _ensure_started(self) -> None:
-        if self._pid == os.getpid():
-            return
-        with self._start_lock:
-            if self._pid != os.getpid():
-                # A writer stopped in this process may still be committing its last jobs on
-                # the one write connection, and closes it when done: the new one waits for it.
-                last = self._thread
-                if last and last[1] == os.getpid() and last[0] is not threading.current_thread():
-                    last[0].join()
-                self._queue = queue.SimpleQueue()
-                thread = threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True)
-                thread.start()
-                self._thread = (thread, os.getpid())
-                self._pid = os.getpid()
-
-    def _loop(self) -> None:
-        jobs_queue = self._queue
-        stopping = False
+        """Close the write connection once the batch under way, if any, is done; the next
+        :meth:`run` opens it again."""
+        with self._lock:
+            self._this_process()
+            if self._leading:
+                self._closing = True  # (the leader closes it)
+                return
+            self._leading = True
         try:
-            while not stopping:
-                first = jobs_queue.get()
-                jobs = [first] if first is not None else []
-                stopping = first is None
-                # Gather what is waiting; when stopping, all of it, so no caller is stranded.
-                while stopping or len(jobs) < MAX_BATCH:
-                    try:
-                        job = jobs_queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        stopping = True
-                    else:
-                        jobs.append(job)
-                if jobs:
-                    self._commit(jobs)
-        finally:
             self._close()
+        finally:
+            self._hand_over()
+
+    def queued(self) -> int:
+        """Jobs waiting for a transaction (not the batch being committed)."""
+        with self._lock:
+            return len(self._queue)
+
+    def _this_process(self) -> None:
+        """A child of ``fork()`` starts with no queue and no leader: those were its parent's
+        threads (called holding the lock)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._queue = deque()
+            self._leading = self._closing = False
+
+    def _lead(self, own: _Job[object]) -> None:
+        """Commit batches until ``own`` is done, then hand the lead to the first caller
+        waiting, if any."""
+        try:
+            while not own.finished:
+                with self._lock:
+                    jobs = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+                self._commit(jobs)
+                if self._closing:
+                    self._closing = False
+                    self._close()
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        with self._lock:
+            if self._queue:
+                successor = self._queue[0]
+                successor.leads = True
+                successor.wake.set()
+                return
+            if self._closing:  # (asked for as the last batch ended)
+                self._closing = False
+                self._close()
+            self._leading = False
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:
@@ -144,4 +167,5 @@ class Writer:
                 job.error = job.error or exc
         finally:
             for job in jobs:
-                job.done.set()
+                job.finished = True
+                job.wake.set()
