@@ -1,12 +1,13 @@
 """The embedded store: one SQLite file shared by every thread and gunicorn worker of a machine.
 
 Reads run on a small pool of connections that may only read (``query_only``); in WAL mode a
-reader never waits for the writer. Writes are group-committed on this process's one write
-connection, by the caller that finds no commit under way (see :mod:`.writer`). The writers of
-several processes are serialised by an ``flock`` on a lock file beside the database, taken
-before ``BEGIN IMMEDIATE``: a waiting writer sleeps in the kernel and wakes the moment the lock
-is free, instead of in SQLite's busy handler, which polls in steps of up to 100 ms. Connections
-are opened lazily, in the process that uses them, and never carried across ``fork()``.
+reader never waits for the writer. A write that finds none under way commits at once on its
+caller's thread; those that come meanwhile are group-committed by the process's writer thread
+(see :mod:`.writer`). The writers of several processes are serialised by an ``flock`` on a lock
+file beside the database, taken before ``BEGIN IMMEDIATE``: a waiting writer sleeps in the
+kernel and wakes the moment the lock is free, instead of in SQLite's busy handler, which polls
+in steps of up to 100 ms. Connections are opened lazily, in the process that uses them, and
+never carried across ``fork()``.
 """
 
 from __future__ import annotations

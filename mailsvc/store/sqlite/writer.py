@@ -1,15 +1,15 @@
-"""Group commit without a thread of its own: whoever writes first commits for everyone waiting.
+"""Group commit: a write that finds none under way commits at once on its caller's thread; the
+writes that come meanwhile are committed, many to a transaction, by the process's writer thread.
 
 Request threads and delivery threads hand their work to the writer as a function of the
-transaction. A caller that finds no transaction under way leads: it runs its own job, with
-every job that queued meanwhile, in one transaction, on the process's one write connection. The
-callers that come while it commits queue, and wait; when it is done, the first of them leads
-the next batch, with everything that queued. So under load many jobs share one lock acquisition
-and one fsync, only one thread in each process competes for the database's write lock, and a
-write that meets no other costs no hand-off between threads at all (each one is a wake-up of
-a sleeping thread: on a virtual machine, about 0.1 ms of CPU). Each job runs in a savepoint of
-its own: a job that raises leaves no trace, and the others in its batch commit as if it had not
-been there.
+transaction. A caller that finds no transaction under way runs its job at once, on its own
+thread, on the process's one write connection: no hand-off to another thread and back (each a
+wake-up of a sleeping thread, about 0.1 ms of CPU on a virtual machine, and its wait for the
+interpreter's lock). The callers that come while a transaction is under way queue and wait;
+the writer thread, handed the queue, commits what waits in batches until nothing does, so under
+load many jobs share one lock acquisition and one fsync, and only one thread in each process
+competes for the database's write lock. Each job of a batch runs in a savepoint of its own: a
+job that raises leaves no trace, and the others in its batch commit as if it had not been there.
 """
 
 from __future__ import annotations
@@ -31,25 +31,23 @@ MAX_BATCH = 64
 
 
 class _Job(Generic[Result]):
-    __slots__ = ("work", "durable", "wake", "finished", "leads", "result", "error", "queued_at")
+    __slots__ = ("work", "durable", "done", "result", "error", "queued_at")
 
     def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
         self.queued_at = time.perf_counter()
-        #: Set when the job is finished, or when its caller is to lead the next batch.
-        self.wake = threading.Event()
-        self.finished = False
-        self.leads = False
+        self.done = threading.Event()
         self.result: Result | None = None
         self.error: BaseException | None = None
 
 
 class Writer:
-    """The writer of one process: the queue of jobs, and which caller commits them.
+    """The writer of one process: who commits, and the queue of what waits. Its thread starts
+    when first handed a queue, in the process that uses it (never carried across ``fork()``).
 
     :param transaction: opens a write transaction on the process's write connection.
-    :param close: closes that connection (it is opened again by the next transaction).
+    :param close: closes that connection (the next transaction opens it again).
     :param observe: called with how long each job of a transaction waited for it.
     """
 
@@ -63,10 +61,17 @@ class Writer:
         self._close = close
         self._observe = observe
         self._lock = threading.Lock()
+        self._handed_over = threading.Condition(self._lock)
         self._queue: deque[_Job[object]] = deque()
-        #: A caller is committing (or handing over to the next).
-        self._leading = False
-        #: The write connection is to be closed once the batch under way is done.
+        #: A transaction is under way, a caller's or the thread's (the thread's from when it
+        #: is handed the queue until the queue is empty).
+        self._busy = False
+        #: The thread is to commit what waits.
+        self._handed = False
+        #: The thread runs (in :attr:`_pid`), and is to end once idle.
+        self._running = False
+        self._ending = False
+        #: The write connection is to be closed when the transaction under way is done.
         self._closing = False
         self._pid: int | None = None
 
@@ -79,71 +84,93 @@ class Writer:
         job: _Job[Result] = _Job(work, durable)
         with self._lock:
             self._this_process()
-            self._queue.append(job)  # type: ignore[arg-type]
-            if not self._leading:
-                self._leading = job.leads = True
-        while not job.finished:
-            if job.leads:
-                self._lead(job)  # type: ignore[arg-type]
+            at_once = not self._busy
+            if at_once:
+                self._busy = True
             else:
-                job.wake.wait()
-                job.wake.clear()
+                self._queue.append(job)  # type: ignore[arg-type]
+        if at_once:
+            try:
+                self._commit([job])  # type: ignore[list-item]
+            finally:
+                self._done()
+        else:
+            job.done.wait()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]
 
     def stop(self) -> None:
-        """Close the write connection once the batch under way, if any, is done; the next
-        :meth:`run` opens it again."""
+        """End the writer thread once what waits is committed, and close the write connection
+        once the transaction under way is done; the next :meth:`run` opens it again."""
         with self._lock:
             self._this_process()
-            if self._leading:
-                self._closing = True  # (the leader closes it)
+            if self._running:
+                self._ending = True
+                self._handed_over.notify()
+            if self._busy:
+                self._closing = True  # (whoever ends the transaction under way closes it)
                 return
-            self._leading = True
+            self._busy = True
         try:
             self._close()
         finally:
-            self._hand_over()
+            self._done()
+
+    def _done(self) -> None:
+        """The transaction under way, or the close, is done: the thread is handed what queued
+        meanwhile, if anything did."""
+        with self._lock:
+            if self._queue:
+                self._hand_over()
+            else:
+                self._idle()
 
     def queued(self) -> int:
-        """Jobs waiting for a transaction (not the batch being committed)."""
+        """Jobs waiting for a transaction (not the one being committed)."""
         with self._lock:
             return len(self._queue)
 
     def _this_process(self) -> None:
-        """A child of ``fork()`` starts with no queue and no leader: those were its parent's
-        threads (called holding the lock)."""
+        """A child of ``fork()`` starts with no queue, no transaction under way and no thread:
+        those were its parent's (called holding the lock)."""
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._queue = deque()
-            self._leading = self._closing = False
-
-    def _lead(self, own: _Job[object]) -> None:
-        """Commit batches until ``own`` is done, then hand the lead to the first caller
-        waiting, if any."""
-        try:
-            while not own.finished:
-                with self._lock:
-                    jobs = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
-                self._commit(jobs)
-                if self._closing:
-                    self._closing = False
-                    self._close()
-        finally:
-            self._hand_over()
+            self._busy = self._handed = self._running = self._ending = self._closing = False
 
     def _hand_over(self) -> None:
-        with self._lock:
-            if self._queue:
-                successor = self._queue[0]
-                successor.leads = True
-                successor.wake.set()
-                return
-            if self._closing:  # (asked for as the last batch ended)
-                self._closing = False
-                self._close()
-            self._leading = False
+        """Hand the queue to the thread, started if need be (called holding the lock)."""
+        self._handed, self._ending = True, False
+        if self._running:
+            self._handed_over.notify()
+            return
+        self._running = True
+        threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
+
+    def _idle(self) -> None:
+        """The transaction under way is done and nothing waits (called holding the lock)."""
+        if self._closing:
+            self._closing = False
+            self._close()
+        self._busy = False
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._handed and not self._ending:
+                    self._handed_over.wait()
+                if not self._handed:  # ending, and idle
+                    self._running = self._ending = False
+                    return
+                self._handed = False
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        self._idle()
+                        break
+                    jobs = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+                self._commit(jobs)
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:
@@ -167,5 +194,4 @@ class Writer:
                 job.error = job.error or exc
         finally:
             for job in jobs:
-                job.finished = True
-                job.wake.set()
+                job.done.set()
