@@ -282,6 +282,7 @@ class Submission:
     def __init__(self, settings: dict[str, str]) -> None:
         self.port = free_port()
         self.env = {**os.environ, **settings}
+        self.root = ROOT  # the checkout it runs (a benchmark may run another version's)
         self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.TemporaryFile()
 
@@ -292,7 +293,7 @@ class Submission:
     def start(self, timeout: float = 30.0) -> Submission:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mailsvc", "submission", "--listen", f"127.0.0.1:{self.port}"],
-            cwd=ROOT,
+            cwd=self.root,
             env=self.env,
             stdout=self._log,
             stderr=self._log,

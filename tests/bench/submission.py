@@ -1,6 +1,7 @@
 """SMTP submission's benchmark: mailsvc's SMTP door beside a private Postfix, in one run.
 
     python -m tests.bench.submission [--messages 3000] [--rounds 3] [--processes 2]
+        [--baseline CHECKOUT]
 
 S1   ``mailsvc submission`` (``--processes``, one a core, as gunicorn's workers) taking
      messages on one connection, one after the other: messages/s
@@ -27,6 +28,7 @@ import os
 import shutil
 import smtplib
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,7 +42,7 @@ from mailsvc.store.records import SigningKey
 from tests.servers import Submission
 
 from . import postfix
-from .parts import DOMAIN, HTML, Sink, prepare
+from .parts import DOMAIN, HTML, ROOT, Sink
 
 
 def messages(tag: str, count: int) -> list[bytes]:
@@ -91,10 +93,24 @@ def send_all(port: int, payload: list[bytes], connections: int, key: str | None)
     return time.time() - started
 
 
-def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> tuple[dict, SigningKey]:
-    """S1, S32 and S32 end to end; and the DKIM key mailsvc signed with (for Pdkim's)."""
-    database = str(folder / "bench.sqlite3")
-    account_id, key = prepare(database)
+#: Run in a checkout (its own ``mailsvc`` and ``tests``): prepares the store it is given and
+#: prints the account and key as JSON.
+_PREPARE = """
+import json, sys
+from tests.bench.parts import prepare
+print(json.dumps(prepare(sys.argv[1])))
+"""
+
+
+def bench_mailsvc(
+    folder: Path, sink: Sink, count: int, processes: int, checkout: Path = ROOT
+) -> tuple[dict, SigningKey]:
+    """S1, S32 and S32 end to end, served by ``checkout``; and the DKIM key mailsvc signed with
+    (for Pdkim's)."""
+    database = str(folder / f"bench-{checkout.name}.sqlite3")
+    prepared = subprocess.run([sys.executable, "-c", _PREPARE, database], cwd=checkout,
+                              check=True, capture_output=True, text=True)  # fmt: skip
+    account_id, key = json.loads(prepared.stdout)
     store = open_store(database)
     signing = store.write(
         lambda tx: tx.sending_context({}, [(account_id, DOMAIN)]).keys[(account_id, DOMAIN)]
@@ -110,7 +126,9 @@ def bench_mailsvc(folder: Path, sink: Sink, count: int, processes: int) -> tuple
             "MAILSVC_SUBMISSION_MAX_CONNECTIONS_PER_CLIENT": "100",
             "MAILSVC_SUBMISSION_PROCESSES": str(processes),
         }
-    ).start()
+    )
+    server.root = checkout
+    server.start()
     try:
         one = count // 4
         before = sink.count()
@@ -173,10 +191,14 @@ def _relayed(folder: Path, sink: Sink, count: int, signer: postfix.OpenDkim | No
     }
 
 
-def one_round(count: int, processes: int) -> dict:
+def one_round(count: int, processes: int, baseline: Path | None) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-bench-submission-"))
     sink = Sink(folder)
     try:
+        if baseline is not None:  # two versions side by side, and no Postfix
+            before, _ = bench_mailsvc(folder, sink, count, processes, baseline.resolve())
+            mailsvc, _ = bench_mailsvc(folder, sink, count, processes)
+            return {**mailsvc, **{f"base {name}": value for name, value in before.items()}}
         mailsvc, key = bench_mailsvc(folder, sink, count, processes)
         return {
             **mailsvc,
@@ -197,15 +219,22 @@ def report(rounds: list[dict]) -> None:
         ("S1 / Pdkim1", "S1", "Pdkim1"),
         ("S32 / Pdkim32", "S32", "Pdkim32"),
         ("S32e2e / Pdkim32e2e", "S32e2e", "Pdkim32e2e"),
+        ("S1 / baseline S1", "S1", "base S1"),
+        ("S32 / baseline S32", "S32", "base S32"),
+        ("S32e2e / baseline S32e2e", "S32e2e", "base S32e2e"),
     ]
+    if "base S1" in rounds[0]:
+        figures = ["base S1", "S1", "base S32", "S32", "base S32e2e", "S32e2e"]
     print("round  " + "  ".join(f"{name:>10}" for name in figures) + "   (messages/s)")
     for number, figure in enumerate(rounds, 1):
         print(f"{number:>5}  " + "  ".join(f"{figure.get(n, 0):10.0f}" for n in figures))
-    if "skipped_dkim" in rounds[0]:
+    if "base S1" in rounds[0]:
+        pass  # (no Postfix in a comparison of versions)
+    elif "skipped_dkim" in rounds[0]:
         print(f"Postfix with OpenDKIM: skipped ({rounds[0]['skipped_dkim']})")
     if "skipped" in rounds[0]:
         print(f"Postfix: skipped ({rounds[0]['skipped']})")
-    else:
+    elif "version" in rounds[0]:
         print(f"Postfix {rounds[0]['version']}")
     for name in ("S1", "S32", "S32e2e"):
         print(f"median {name}: {statistics.median(r[name] for r in rounds):.0f}/s")
@@ -224,10 +253,15 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=2, help="MAILSVC_SUBMISSION_PROCESSES (one a core)"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout of another version: its S cases beside this one's, instead of Postfix",
+    )
     args = parser.parse_args()
     if os.environ.get("MAILSVC_DATABASE"):
         sys.exit("unset MAILSVC_DATABASE: the bench makes its own stores")
-    report([one_round(args.messages, args.processes) for _ in range(args.rounds)])
+    report([one_round(args.messages, args.processes, args.baseline) for _ in range(args.rounds)])
 
 
 if __name__ == "__main__":
