@@ -6,12 +6,13 @@ import json
 import shutil
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from mailsvc import operator
-from mailsvc.store import open_store
+from mailsvc.store import NewEmail, NewRecipient, open_store
 
 from .conftest import VERIFIED, email_body, run_cli, wait_until
 from .servers import Gunicorn, free_port, request
@@ -131,6 +132,50 @@ def test_a_copy_taken_under_writes_is_one_snapshot_and_restores_into_a_server(tm
         restored.stop()
         sink.stop()
     assert {message.message_id for message in sink.messages} == wanted
+
+
+def test_mail_being_delivered_as_the_copy_is_taken_goes_out_at_once_once_restored(tmp_path):
+    # In the copy, an email under way is leased to a process of the service that took it; that
+    # process is not there when the copy is restored. Before the copy's leases were ended, the
+    # restored server left the email for the whole lease (120 s).
+    store, copy = tmp_path / "mailsvc.sqlite3", tmp_path / "backup.sqlite3"
+    db = open_store(str(store))
+    try:
+        account = operator.create_account(db, "Backups", CREDITS)
+        operator.add_domain(db, account["id"], VERIFIED, verified=True)
+        now = time.time()
+
+        def queue_and_lease(tx):
+            tx.enqueue_email(NewEmail(
+                id="em_underway", account_id=account["id"], sender_name="Backups",
+                sender_address=f"receipts@{VERIFIED}", recipients=(NewRecipient("a@example.org"),),
+                subject="Under way", html=None, text="Under way.",
+                message_id=f"<em_underway@{VERIFIED}>", created_at=now))  # fmt: skip
+            return tx.claim_due("host-gone/1/lease_gone", now, 120.0, limit=1)
+
+        assert [email.id for email in db.write(queue_and_lease)] == ["em_underway"]
+    finally:
+        db.shutdown()
+    settings = {"MAILSVC_DATABASE": str(store), "MAILSVC_POLL_SECONDS": "0.2"}
+    done = run_cli(settings, "backup", str(copy))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["leasesEnded"] == 1
+    with sqlite3.connect(store) as live:  # the live store's lease is its process's: untouched
+        [(due_at,)] = live.execute("SELECT due_at FROM emails").fetchall()
+        assert due_at > now + 100
+
+    shutil.copy(copy, store)
+    for suffix in ("-wal", "-shm"):
+        Path(str(store) + suffix).unlink(missing_ok=True)
+    sink = SmtpSink().start()
+    restored = Gunicorn({**settings, "MAILSVC_SMTP_URL": sink.url}, workers=1).start()
+    try:
+        wanted = [f"<em_underway@{VERIFIED}>"]
+        wait_until(lambda: [m.message_id for m in sink.messages] == wanted, timeout=20,
+                   what="the email under way delivered by the restored server")  # fmt: skip
+    finally:
+        assert "Traceback" not in restored.stop()
+        sink.stop()
 
 
 @pytest.mark.sqlite_only

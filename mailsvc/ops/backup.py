@@ -5,13 +5,15 @@ The copy is one snapshot, made with SQLite's online backup API in one step from 
 connection: in WAL mode the writers of every worker go on meanwhile, and the copy has all that
 was committed when it began, and nothing after. It is written beside its destination, flushed
 to disk, checked (``PRAGMA integrity_check``), and only then given its name, so a crash never
-leaves a half copy under it. A PostgreSQL store is backed up with PostgreSQL's own tools.
+leaves a half copy under it. The leases in the copy end at once (their processes will not be
+there when it is restored). A PostgreSQL store is backed up with PostgreSQL's own tools.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ def back_up(store: Store, destination: str | os.PathLike[str]) -> dict[str, Any]
             copy = sqlite3.connect(partial)
             try:
                 store.copy_into(copy)
+                ended = _end_leases(copy, time.time())
                 checked = copy.execute("PRAGMA integrity_check").fetchone()[0]
                 emails = copy.execute("SELECT count(*) FROM emails").fetchone()[0]
             finally:
@@ -69,5 +72,22 @@ def back_up(store: Store, destination: str | os.PathLike[str]) -> dict[str, Any]
         "to": str(target),
         "bytes": target.stat().st_size,
         "emails": emails,
+        "leasesEnded": ended,
         "integrity": checked,
     }
+
+
+def _end_leases(copy: sqlite3.Connection, now: float) -> int:
+    """End, in the copy, every lease of the running service's processes (mail and webhook
+    deliveries under way as the copy was taken); how many. None of those processes runs when
+    the copy is restored (a restore stops the service first), so what they held is due at once,
+    as a dead process's is once its lease runs out: without this, a restored store's mail
+    waited up to a lease (``MAILSVC_LEASE_SECONDS``, 120 s) before it went out."""
+    ended = 0
+    with copy:  # one transaction
+        for table in ("emails", "webhook_deliveries"):
+            ended += copy.execute(
+                f"UPDATE {table} SET due_at = ? WHERE lease_owner IS NOT NULL AND due_at > ?",
+                (now, now),
+            ).rowcount
+    return ended
