@@ -35,6 +35,14 @@ def _store_with_an_account(path: Path) -> dict[str, str]:
     return {"Authorization": f"Bearer {key['key']}"}
 
 
+def _restore(copy: Path, store: Path) -> None:
+    """The restore, as docs/operating.md says (the server stopped): the copy in place of the
+    store, and the store's WAL files gone (they belong to the old file)."""
+    shutil.copy(copy, store)
+    for suffix in ("-wal", "-shm"):
+        Path(str(store) + suffix).unlink(missing_ok=True)
+
+
 class Sender:
     """Sends emails one after another, from a thread, until stopped; what was accepted when."""
 
@@ -111,10 +119,7 @@ def test_a_copy_taken_under_writes_is_one_snapshot_and_restores_into_a_server(tm
     assert without_recipients == 0
     assert recipients == len(in_copy) and credits == CREDITS - len(in_copy)
 
-    # The restore, as docs/operating.md says: stopped, the copy in place, its WAL files gone.
-    shutil.copy(copy, store)
-    for suffix in ("-wal", "-shm"):
-        Path(str(store) + suffix).unlink(missing_ok=True)
+    _restore(copy, store)
     sink = SmtpSink().start()
     restored = Gunicorn({**settings, "MAILSVC_SMTP_URL": sink.url}, workers=2).start()
     try:
@@ -164,9 +169,7 @@ def test_mail_being_delivered_as_the_copy_is_taken_goes_out_at_once_once_restore
         [(due_at,)] = live.execute("SELECT due_at FROM emails").fetchall()
         assert due_at > now + 100
 
-    shutil.copy(copy, store)
-    for suffix in ("-wal", "-shm"):
-        Path(str(store) + suffix).unlink(missing_ok=True)
+    _restore(copy, store)
     sink = SmtpSink().start()
     restored = Gunicorn({**settings, "MAILSVC_SMTP_URL": sink.url}, workers=1).start()
     try:
