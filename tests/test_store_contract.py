@@ -5,6 +5,7 @@ on its own, with callers racing from several threads, each through a store objec
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from mailsvc.store import (
     TokenExhausted,
     tokens_at,
 )
+from mailsvc.store.history import OUTCOME_SHARDS
 
 RACERS = 8
 
@@ -848,3 +850,52 @@ def test_an_accounts_daily_outcomes_are_counted_once_by_every_store_on_the_day_t
     # The window starts where it is asked to, and leaves out days outside it.
     assert stores[2].reads.daily_outcomes(owner, 3 * day, 2) == [{"failed": 20}, counted[4]]
     assert stores[2].reads.daily_outcomes(other, 0.0, 3)[2] == {"sent": 1}
+
+
+@pytest.mark.postgres_only
+def test_runs_that_count_the_same_days_outcomes_in_opposite_orders_never_wait_in_a_circle(
+    stores,
+):
+    """A delivery thread records a run of outcomes in one transaction, each counted on its
+    email's shard of the account's daily count: two runs that reach the same two rows in
+    opposite orders must not deadlock (PostgreSQL would find it only after its
+    ``deadlock_timeout``, a second, and run one of them again). The counts are held back for
+    the commit and sent in the order of their rows."""
+    owner = account(stores[0], credits=1000)
+    sender_domain(stores[0], owner)
+    stores[0].write(
+        lambda tx: [
+            tx.enqueue_email(new_email(f"em_{n}", owner, "a@verified.test")) for n in range(16)
+        ]
+    )
+    claimed = stores[0].write(lambda tx: tx.claim_due("me", 9.0, 1e9, 16))
+    by_shard: dict[int, list[Any]] = {}
+    for email in claimed:
+        by_shard.setdefault(email.seq % OUTCOME_SHARDS, []).append(email)
+    (first, second), (third, fourth) = by_shard[1][:2], by_shard[2][:2]
+    # One run records a shard-1 email, then a shard-2 one; the other the other way round.
+    plans = [(first, third), (fourth, second)]
+    halfway = threading.Barrier(2, timeout=5)
+    runs = [0, 0]
+    sent = [(0, Recipient("b@example.org", "sent"))]
+
+    def record(store: Store, number: int) -> float:
+        started = time.monotonic()
+
+        def job(tx: Any) -> None:
+            runs[number] += 1
+            one, other = plans[number]
+            tx.finish_attempt(one, "me", "sent", sent, 2.5 * 86400, None, None)
+            tx.get_email(owner, one.id)  # (an answer: what waits is on the server now)
+            if runs[number] == 1:
+                halfway.wait()  # both runs have written their first outcome
+            tx.finish_attempt(other, "me", "sent", sent, 2.5 * 86400, None, None)
+
+        store.write(job)
+        return time.monotonic() - started
+
+    took = race(stores[:2], record, rounds=1)
+    assert all(isinstance(seconds, float) for seconds in took), took
+    assert runs == [1, 1], "a run met a deadlock and was run again"
+    assert max(took) < 0.9, took
+    assert stores[0].reads.daily_outcomes(owner, 0.0, 3)[2] == {"sent": 4}

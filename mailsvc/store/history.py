@@ -31,6 +31,9 @@ class HistoryVerbs:
     connection: Connection
     dialect: Dialect
     run: Callable[..., None]
+    #: Counts held back for the commit (see :meth:`count_outcome`): by account, day and
+    #: outcome, the shard and how many.
+    held_counts: dict[tuple[str, int, str], list[int]]
 
     def add_event(
         self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None = None
@@ -189,13 +192,27 @@ class HistoryVerbs:
 
     def count_outcome(self, account_id: str, at: float, outcome: str, shard: int) -> None:
         """Add one to the account's count of ``outcome`` on the day of ``at`` (in the writer's
-        transaction, beside the change it counts)."""
-        self.run(
-            "INSERT INTO daily_outcomes (account_id, day, outcome, shard, count) "
-            "VALUES (?, ?, ?, ?, 1) ON CONFLICT (account_id, day, outcome, shard) "
-            "DO UPDATE SET count = daily_outcomes.count + 1",
-            (account_id, int(at // 86400), outcome, shard % OUTCOME_SHARDS),
-        )
+        transaction, beside the change it counts). Where contended rows are held back for the
+        commit, so are the counts: one statement a count of the transaction (on the shard of
+        the first thing it counted), sent in the order of their rows, so that transactions
+        that count several (a run of deliveries) lock them in one order and never wait on each
+        other in a circle."""
+        key = (account_id, int(at // 86400), outcome)
+        if not self.dialect.holds_back_contended:
+            self.run(*_count_statement(key, shard, 1))
+            return
+        held = self.held_counts.get(key)
+        if held is None:
+            self.held_counts[key] = [shard, 1]
+        else:
+            held[1] += 1
+
+    def held_count_statements(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """The counts held back for the commit, as statements, in the order of their rows."""
+        return [
+            _count_statement(key, shard, count)
+            for key, (shard, count) in sorted(self.held_counts.items())
+        ]
 
     def daily_outcomes(self, account_id: str, since: float, days: int) -> list[dict[str, int]]:
         """What happened to the account's mail on each of ``days`` days from ``since`` (a day
@@ -210,3 +227,15 @@ class HistoryVerbs:
         for day, outcome, count in rows:
             counted[int(day) - first][outcome] = int(count)
         return counted
+
+
+def _count_statement(
+    key: tuple[str, int, str], shard: int, count: int
+) -> tuple[str, tuple[Any, ...]]:
+    account_id, day, outcome = key
+    return (
+        "INSERT INTO daily_outcomes (account_id, day, outcome, shard, count) "
+        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (account_id, day, outcome, shard) "
+        "DO UPDATE SET count = daily_outcomes.count + excluded.count",
+        (account_id, day, outcome, shard % OUTCOME_SHARDS, count),
+    )

@@ -42,6 +42,7 @@ class SqlVerbs(
         self.dialect = dialect
         #: Contended statements held back for the commit (see :class:`Dialect`).
         self.held_back: list[Contended] = []
+        self.held_counts = {}
         #: What a rule checked by :meth:`refuse_unless` refuses with, by the rule's name.
         self.refusals: dict[str, Callable[[], Exception]] = {}
 

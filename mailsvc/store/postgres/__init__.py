@@ -574,7 +574,8 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
     only while the server runs them and commits. A check violation that one of them, or a rule
     of ``verbs.refuse_unless``, names is the refusal it stands for."""
     connection, held_back = opened._connection, verbs.held_back
-    if not held_back and not opened.queued and not opened.begin:
+    counts = verbs.held_count_statements()
+    if not held_back and not counts and not opened.queued and not opened.begin:
         connection.execute("COMMIT", prepare=False)
         return
     try:
@@ -583,6 +584,8 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
             cursor = connection.cursor()
             for statement in held_back:
                 cursor.execute(_placeholders(statement.sql), statement.params, prepare=True)
+            for sql, params in counts:
+                cursor.execute(_placeholders(sql), params, prepare=True)
             connection.execute("COMMIT", prepare=False)
     except errors.CheckViolation as exc:
         _roll_back(connection)
