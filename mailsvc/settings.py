@@ -275,6 +275,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("smtp_timeout_seconds", 30.0, "Timeout of each SMTP command.", _positive_float),
     Setting("delivery_threads", 4, "Delivery threads in each worker process.", _positive_int),
     Setting(
+        "delivery_run",
+        8,
+        "Emails a delivery thread sends one after the other while the relay takes each, "
+        "before it records them in one transaction. A crash in a run sends again those the "
+        "relay took (same Message-ID); 1 keeps that to one email a thread.",
+        _positive_int,
+    ),
+    Setting(
         "lease_seconds",
         120.0,
         "How long a claim on an email lasts before another process may take it over.",

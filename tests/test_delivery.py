@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mailbox
+import math
 import time
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
+from mailsvc.delivery.pool import RUN_SECONDS
 from mailsvc.mail.message import build_message
 from mailsvc.store import LeaseLost
 
@@ -174,10 +176,14 @@ def test_connection_is_reused_between_messages(config, clock, sink):
         app.stop(timeout=5)
 
 
-def test_a_thread_that_sent_an_email_claims_its_next_in_the_same_transaction(config, clock, sink):
-    """A queue drained by one thread: one store transaction an email (its outcome and the next
-    claim), not two, and the claimer thread looks once, to start."""
-    config["smtp_url"] = sink.url
+@pytest.mark.parametrize("run", [1, 8])
+def test_a_thread_that_sent_its_emails_claims_its_next_run_in_the_same_transaction(
+    config, clock, sink, run
+):
+    """A queue drained by one thread: one store transaction a run of emails (their outcomes
+    and the next run's claim), not one an email and a claim, and the claimer thread looks
+    once, to start."""
+    config.update(smtp_url=sink.url, delivery_run=run)
     accepting = create_app(config, clock=clock)  # never started: queues while nobody delivers
     tenant = make_tenant(accepting)
     for number in range(30):
@@ -198,8 +204,103 @@ def test_a_thread_that_sent_an_email_claims_its_next_in_the_same_transaction(con
     finally:
         delivering.stop(timeout=5)
     assert len(sink.messages) == 30 and len({m.message_id for m in sink.messages}) == 30
-    # (30 outcomes with the next claim, the claimer's first claim and a few looks or renewals)
-    assert len(writes) <= 30 + 8, len(writes)
+    # (the first email alone, as the claimer handed it; then runs of the rest, each recorded
+    # with the next run's claim; and a few looks or renewals)
+    assert len(writes) <= 1 + math.ceil(29 / run) + 8, len(writes)
+    if run > 1:
+        assert len(writes) < 29, "a thread records a run in one transaction"
+
+
+def test_a_refusal_ends_a_run_and_what_it_changed_holds_for_the_rest(config, clock, sink):
+    """A run goes on only while the relay takes each message: a recipient refused as unknown is
+    suppressed by the job that records the refusal, and the rest of the run, given back in it,
+    is claimed again knowing that (not sent to the address again)."""
+    config["smtp_url"] = sink.url
+    accepting = create_app(config, clock=clock)  # never started: queues while nobody delivers
+    tenant, client = make_tenant(accepting), Client(accepting)
+    first = post(client, tenant, to=["a@example.org"], subject="first")
+    refused = post(client, tenant, to=["gone@example.org"], subject="refused")
+    again = post(client, tenant, to=["gone@example.org"], subject="again")
+    last = post(client, tenant, to=["b@example.org"], subject="last")
+    sink.behaviour.rcpt_replies["gone@example.org"] = (550, "5.1.1 no such user")
+    config.update(delivery_threads=1, delivery_run=8)
+    delivering = create_app(config, clock=clock)
+    delivering.start()
+    try:
+        wait_status(client, tenant, last, "sent")
+        shown = {
+            email_id: wait_status(client, tenant, email_id, status)
+            for email_id, status in [(first, "sent"), (refused, "failed"), (again, "failed")]
+        }
+    finally:
+        delivering.stop(timeout=5)
+    assert shown[refused]["recipients"][0]["smtpCode"] == 550
+    assert shown[again]["recipients"][0]["status"] == "suppressed"
+    assert shown[again]["recipients"][0]["smtpCode"] is None  # never asked of the relay again
+    assert sorted(m.message["Subject"] for m in sink.messages) == ["first", "last"]
+
+
+def test_a_slow_relays_runs_are_of_one_email(config, clock, sink):
+    """A run ends once it has been sending for RUN_SECONDS: what a crash sends again is only
+    what the relay took in its last instant."""
+    config["smtp_url"] = sink.url
+    accepting = create_app(config, clock=clock)
+    tenant = make_tenant(accepting)
+    for number in range(6):
+        post(Client(accepting), tenant, subject=f"m{number}")
+    sink.behaviour.delay_seconds = RUN_SECONDS / 3  # five replies a message: past the bound
+    config.update(delivery_threads=1, delivery_run=8)
+    delivering = create_app(config, clock=clock)
+    recorded: list[int] = []
+    record = delivering.delivery.record
+
+    def counted(job, claims=False):
+        result = record(job, claims)
+        recorded.append(len(sink.messages))
+        return result
+
+    delivering.delivery.record = counted
+    delivering.start()
+    try:
+        sink.wait_for(6, timeout=30)
+        wait_until(lambda: count_by_status(delivering.store) == {"sent": 6}, what="recorded")
+    finally:
+        delivering.stop(timeout=5)
+    # Each outcome was recorded before the next message went: the sink's count at each record.
+    assert recorded == [1, 2, 3, 4, 5, 6], recorded
+
+
+def test_a_run_whose_lease_on_one_email_was_lost_records_the_others(config, clock, sink, caplog):
+    """Another process took over one email of a run (its lease ran out): the run's job is
+    refused, and each outcome is then recorded on its own; that email's is not."""
+    config["smtp_url"] = sink.url
+    accepting = create_app(config, clock=clock)
+    tenant, client = make_tenant(accepting), Client(accepting)
+    ids = [post(client, tenant, subject=f"m{number}") for number in range(4)]
+    config.update(delivery_threads=1, delivery_run=8)
+    delivering = create_app(config, clock=clock)
+    store = delivering.store
+
+    def taken_over(data: bytes):
+        if b"Subject: m2" in data:  # the second of the run [m1, m2, m3]: taken over meanwhile
+            store.write(
+                lambda tx: tx.run(
+                    "UPDATE emails SET lease_owner = ? WHERE id = ?", ("another/1/x", ids[2])
+                )
+            )
+        return None
+
+    sink.behaviour.data_reply = taken_over
+    delivering.start()
+    try:
+        sink.wait_for(4, timeout=30)
+        for email_id in (ids[0], ids[1], ids[3]):
+            wait_status(client, tenant, email_id, "sent")
+    finally:
+        delivering.stop(timeout=5)
+    taken = client.get(f"/v1/emails/{ids[2]}", headers=tenant.headers).get_json()
+    assert taken["status"] == "sending" and taken["recipients"][0]["status"] == "queued"
+    assert f"email {ids[2]}: lease lost during delivery" in caplog.text
 
 
 def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):

@@ -4,7 +4,11 @@
 A claim leases due emails with what sending them needs (the DKIM key, the attachments). Each
 sender thread sends to the recipients still pending through its own transport (so an SMTP
 connection is reused from one message to the next) and records the outcome, with its events
-and webhook events, in one job, if the process still holds the lease. Where the store announces
+and webhook events, in one job, if the process still holds the lease. While the relay takes
+every message, that job claims the thread's next run (``MAILSVC_DELIVERY_RUN`` emails), which
+it sends back to back and records in one job again; a message the relay refuses or defers ends
+the run (its outcome, a bounce's suppression say, may change what the others need), and what
+the run did not send is given back in the job that records it. Where the store announces
 new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the claimer the moment another
 host queues some; polling stays for retries and lost notices. An email deferred because the
 relay could not be reached waits for it: when the relay is reached again, the claims make such
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +47,7 @@ from ..store import (
     Suppression,
     Writes,
 )
-from ..webhooks.events import after_attempt
+from ..webhooks.events import WebhookEvent, after_attempt
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
 from .smtp import Reply
 from .transport import RelayHealth, RelayUrl, Transport, open_transport
@@ -52,6 +57,9 @@ log = logging.getLogger("mailsvc.delivery")
 #: Emails made due again in one claim once the relay is reached after an outage (the rest in
 #: the claims after it), so that no claim holds the store's write lock for long.
 DUE_AGAIN_AT_ONCE = 500
+#: A run of emails (see above) ends once it has been sending this long: a slow relay's runs
+#: are of one email, and a crash sends again only what the relay took in its last instant.
+RUN_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class DeliveryPool(LeasedPool[Claimed]):
         self.transport_factory = transport_factory
         self.return_path = return_path
         self.on_events = on_events
+        #: Emails a thread sends before it records them, in one job that claims its next run.
+        self.run_length = settings.delivery_run
         self.policy = RetryPolicy(
             settings.retry_first_seconds,
             settings.retry_max_seconds,
@@ -189,12 +199,63 @@ class DeliveryPool(LeasedPool[Claimed]):
     def close_worker(self, state: Any) -> None:
         state.close()
 
-    def do(self, item: Claimed, state: Any) -> Claimed | None:
-        return self._attempt(item, state)
+    def do(self, run: list[Claimed], state: Any) -> list[Claimed]:
+        attempts: list[_Attempt] = []
+        ends = time.monotonic() + RUN_SECONDS
+        for claimed in run:
+            if attempts and not (
+                self._running and attempts[-1].relay_took_it and time.monotonic() < ends
+            ):
+                # Stopping; or the relay refused or deferred one, which may change what the
+                # rest needs (a bounce suppresses its address): recorded before more is sent;
+                # or a slow relay: what a crash would send again is what it took last.
+                break
+            attempts.append(self._attempt(claimed, state))
+        unsent = [claimed.email.seq for claimed in run[len(attempts) :]]
+        # The relay took the whole run: the job that records it claims this thread's next run
+        # (while the relay is in doubt, only the claimer claims, as its health allows).
+        go_on = not unsent and attempts[-1].relay_took_it
+
+        def record(tx: Writes) -> list[Claimed]:
+            for attempt in attempts:
+                attempt.write(tx, self.owner)
+            if unsent:
+                self.give_back(tx, unsent)
+            return self.claim_next(tx, self.run_length) if go_on else []
+
+        try:
+            following = self.record(record, claims=True)
+        except LeaseLost:
+            if len(attempts) == 1 and not unsent:
+                _lease_lost(attempts[0])
+                return []
+            # One of the run's leases was lost (the job says which only on SQLite): each
+            # outcome is recorded on its own, and the unsent given back.
+            following, attempts = [], [a for a in attempts if self._record_alone(a)]
+            if unsent:
+                self.record(lambda tx: self.give_back(tx, unsent))
+        if unsent:
+            LeasedPool.wake(self)  # they are due again now: claimed with what is known now
+        events = False
+        for attempt in attempts:
+            attempt.report()
+            events = events or bool(attempt.events)
+        if events:
+            self.on_events()
+        return following
+
+    def _record_alone(self, attempt: _Attempt) -> bool:
+        try:
+            self.record(lambda tx: attempt.write(tx, self.owner))
+        except LeaseLost:
+            _lease_lost(attempt)
+            return False
+        return True
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def _attempt(self, claimed: Claimed, transport: Transport) -> Claimed | None:
+    def _attempt(self, claimed: Claimed, transport: Transport) -> _Attempt:
+        """Send the email to its pending recipients; what to record of it."""
         email = claimed.email
         pending = [
             (position, recipient)
@@ -212,63 +273,21 @@ class DeliveryPool(LeasedPool[Claimed]):
         outcomes.sort(key=lambda pair: pair[0])
         now = self.clock()
         decision = decide(email, outcomes, now, self.policy, self._rng)
-        refunded = _price(email) * len(left_out)
-        events = after_attempt(email, decision, now, email.attempts, claimed.wanted)
-        hard_bounces = [
-            (r.address, f"{r.smtp_code} {r.reply}")
-            for _, r in outcomes
-            if r.status == statuses.FAILED and (r.enhanced_code or "").startswith("5.1.")
-        ]
-
-        # The relay took it all: the job that records it claims this thread's next email too
-        # (while the relay is in doubt, only the claimer claims, as its health allows).
-        relay_took_it = bool(replies) and all(r.status == statuses.SENT for _, r in outcomes)
-
-        def record(tx: Writes) -> Claimed | None:
-            tx.finish_attempt(
-                email,
-                self.owner,
-                decision.status,
-                decision.recipients,
-                now,
-                decision.due_at,
-                decision.last_error,
-                refunded,
-                relay_unreached=bool(replies) and not any(reply.reached for reply in replies),
-            )
-            for address, detail in hard_bounces:
-                tx.add_suppression(
-                    email.account_id, address, statuses.BOUNCED, email.id, detail, now
-                )
-            if events:
-                tx.add_webhook_events(email.account_id, email.seq, events, now)
-            return self.claim_next(tx) if relay_took_it else None
-
-        try:
-            following = self.record(record, claims=True)
-        except LeaseLost:
-            log.warning("email %s: lease lost during delivery; outcome not recorded", email.id)
-            return None
-        metrics.ATTEMPTS.labels(decision.status).inc()
-        log.info(
-            "email %s attempt %d: %s; %s",
-            email.id,
-            email.attempts,
-            ", ".join(f"{r.address} {r.status} {r.smtp_code or '-'}" for _, r in outcomes),
-            decision.status,
-            extra={
-                "email": email.id,
-                "attempt": email.attempts,
-                "status": decision.status,
-                "recipients": [
-                    {"address": r.address, "status": r.status, "smtpCode": r.smtp_code}
-                    for _, r in outcomes
-                ],
-            },
+        return _Attempt(
+            email=email,
+            outcomes=outcomes,
+            decision=decision,
+            now=now,
+            refunded=_price(email) * len(left_out),
+            events=after_attempt(email, decision, now, email.attempts, claimed.wanted),
+            hard_bounces=[
+                (r.address, f"{r.smtp_code} {r.reply}")
+                for _, r in outcomes
+                if r.status == statuses.FAILED and (r.enhanced_code or "").startswith("5.1.")
+            ],
+            relay_unreached=bool(replies) and not any(reply.reached for reply in replies),
+            relay_took_it=bool(replies) and all(r.status == statuses.SENT for _, r in outcomes),
         )
-        if events:
-            self.on_events()
-        return following
 
     def _send(
         self,
@@ -296,6 +315,69 @@ class DeliveryPool(LeasedPool[Claimed]):
             transport.send(return_path.address(email.id, position), [recipient.address], build)[0]
             for position, recipient in recipients
         ]
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One email's attempt, sent: what its record writes and its log line says."""
+
+    email: EmailRecord
+    outcomes: list[tuple[int, Recipient]]
+    decision: Decision
+    now: float
+    #: Credit given back: recipients the account suppressed since the email was accepted.
+    refunded: int
+    events: list[WebhookEvent]
+    hard_bounces: list[tuple[str, str]]
+    #: The attempt could not reach the relay at all.
+    relay_unreached: bool
+    #: The relay took it for every recipient (nothing recorded of it changes what comes next).
+    relay_took_it: bool
+
+    def write(self, tx: Writes, owner: str) -> None:
+        """Record the outcome, with its events, if ``owner`` still holds the lease.
+        :raises LeaseLost: it does not (on PostgreSQL, at the job's end)."""
+        email, decision, now = self.email, self.decision, self.now
+        tx.finish_attempt(
+            email,
+            owner,
+            decision.status,
+            decision.recipients,
+            now,
+            decision.due_at,
+            decision.last_error,
+            self.refunded,
+            relay_unreached=self.relay_unreached,
+        )
+        for address, detail in self.hard_bounces:
+            tx.add_suppression(email.account_id, address, statuses.BOUNCED, email.id, detail, now)
+        if self.events:
+            tx.add_webhook_events(email.account_id, email.seq, self.events, now)
+
+    def report(self) -> None:
+        """Count and log the recorded attempt."""
+        email, decision = self.email, self.decision
+        metrics.ATTEMPTS.labels(decision.status).inc()
+        log.info(
+            "email %s attempt %d: %s; %s",
+            email.id,
+            email.attempts,
+            ", ".join(f"{r.address} {r.status} {r.smtp_code or '-'}" for _, r in self.outcomes),
+            decision.status,
+            extra={
+                "email": email.id,
+                "attempt": email.attempts,
+                "status": decision.status,
+                "recipients": [
+                    {"address": r.address, "status": r.status, "smtpCode": r.smtp_code}
+                    for _, r in self.outcomes
+                ],
+            },
+        )
+
+
+def _lease_lost(attempt: _Attempt) -> None:
+    log.warning("email %s: lease lost during delivery; outcome not recorded", attempt.email.id)
 
 
 def _answered(recipient: Recipient, reply: Reply) -> Recipient:

@@ -3,13 +3,15 @@ lifecycle that mail delivery and webhook delivery have in common.
 
 One claimer thread leases due work, as many pieces at a time as there are idle workers, in one
 job of the store's writer, and hands them over; each worker thread does one piece and records
-its outcome (if the process still holds the lease). A wake from this process starts a claim at
-once (a condition); the claimer also looks every ``poll_seconds`` for work other processes made
-or left behind, and sooner when it knows that something falls due before then. A keeper thread
-renews the leases the process holds every third of a lease, so slow work is never taken over,
-and done twice, by another process; an outcome that meets a store outage is written once the
-store is back, not dropped. On a graceful stop, claiming stops, the work in hand is
-finished (within the timeout), and what was claimed but not started is given back.
+its outcome (if the process still holds the lease), in a job that may lease the worker its next
+run of pieces, which it does one after the other and records together. A wake from this
+process starts a claim at once (a condition); the claimer also looks every ``poll_seconds``
+for work other processes made or left behind, and sooner when it knows that something falls
+due before then. A keeper thread renews the leases the process holds every third of a lease,
+so slow work is never taken over, and done twice, by another process; an outcome that meets a
+store outage is written once the store is back, not dropped. On a graceful stop, claiming
+stops, the work in hand is finished (within the timeout), and what was claimed but not started
+is given back.
 """
 
 from __future__ import annotations
@@ -119,21 +121,22 @@ class LeasedPool(Generic[Item]):
         """The piece's sequence number, by which its lease is renewed or given back."""
         raise NotImplementedError
 
-    def do(self, item: Item, state: Any) -> Item | None:
-        """Do one piece and record its outcome. ``state`` is the worker's own. Returns the
-        worker's next piece when the job that recorded the outcome claimed one (see
-        :meth:`claim_next`), else None."""
+    def do(self, run: list[Item], state: Any) -> list[Item]:
+        """Do a run of pieces (one, as the claimer hands them, or those the job that recorded
+        the worker's last run claimed) and record their outcomes; give back those of the run it
+        did not start. ``state`` is the worker's own. Returns the worker's next run, claimed by
+        the job that recorded this one (see :meth:`claim_next`), or none."""
         raise NotImplementedError
 
-    def claim_next(self, tx: Writes) -> Item | None:
-        """In the job that records a worker's outcome: lease the worker its next piece, so
-        that it goes on without waiting for the claimer (one transaction, not two, an
-        email). None while the pool is stopping, or nothing is due."""
+    def claim_next(self, tx: Writes, count: int = 1) -> list[Item]:
+        """In the job that records a worker's outcomes: lease the worker its next run of up to
+        ``count`` pieces, so that it goes on without waiting for the claimer (one transaction,
+        not two, a run). None while the pool is stopping, or nothing is due."""
         if not self._running:
-            return None
-        batch, _ = self.claim(tx, wanted=1)
+            return []
+        batch, _ = self.claim(tx, wanted=count)
         self.claims += 1
-        return batch[0] if batch else None
+        return batch
 
     def give_back(self, tx: Writes, keys: Sequence[int]) -> None:
         """Give back pieces leased but never started, due at once for anyone."""
@@ -247,16 +250,16 @@ class LeasedPool(Generic[Item]):
         """Write a piece's outcome, waiting out a store outage rather than dropping it (an
         outcome lost is work done again, mail sent twice, once the lease expires; the keeper
         renews the lease when the store is back). Raises the outage only once the pool has
-        stopped. ``claims``: the job may lease the worker its next piece (its result), held
-        from the moment the job is done."""
+        stopped. ``claims``: the job may lease the worker its next run (its result, a list),
+        held from the moment the job is done."""
         wait = 0.1
         while True:
             try:
                 with getattr(self._this_worker, "lock", _NOT_A_WORKER):
                     result = self.store.write(job)
-                    if claims and result is not None:
+                    if claims and result:
                         with self._held_lock:
-                            self._held.add(self.key(result))  # type: ignore[arg-type]
+                            self._held.update(self.key(item) for item in result)  # type: ignore[attr-defined]
             except StoreOutage:
                 self._store_out()
                 if self._stopped.wait(wait):
@@ -404,29 +407,32 @@ class LeasedPool(Generic[Item]):
                 item = self._handoff.get()
                 if item is None:
                     return
-                while item is not None:  # and the pieces its outcome's job claimed after it
-                    item = self._do_one(item, state)
+                run = [item]
+                while run:  # and the runs its outcomes' jobs claimed after it
+                    run = self._do_run(run, state)
         finally:
             with self._held_lock:
                 self._worker_locks.remove(self._this_worker.lock)
             self.close_worker(state)
 
-    def _do_one(self, item: Item, state: Any) -> Item | None:
-        following = None
+    def _do_run(self, run: list[Item], state: Any) -> list[Item]:
+        following: list[Item] = []
+        keys = [self.key(item) for item in run]
         try:
             if not self._running:
-                self._give_back([item])
+                self._give_back(run)
             else:
-                following = self.do(item, state)
-        except StoreOutage:  # logged by the store, once; the lease expires
+                following = self.do(run, state)
+        except StoreOutage:  # logged by the store, once; the leases expire
             pass
         except Exception:
-            log.exception("%s: %s failed; its lease will expire", self.name, self.key(item))
+            log.exception(
+                "%s: %s failed; its lease will expire", self.name, ", ".join(map(str, keys))
+            )
         finally:
             with self._held_lock:
-                self._held.discard(self.key(item))
-                if following is not None:
-                    self._held.add(self.key(following))
+                self._held.difference_update(keys)
+                self._held.update(self.key(item) for item in following)
         return following
 
     def _keep_leases_loop(self, stopped: threading.Event) -> None:

@@ -124,7 +124,12 @@ class WebhookPool(LeasedPool[tuple[WebhookDelivery, Webhook]]):
         unknown = [seq for seq in tx.webhook_delivery_leases(self.owner) if seq not in held]
         return tx.release_webhook_claims(self.owner, unknown, self.clock())
 
-    def do(self, item: tuple[WebhookDelivery, Webhook], state: Any) -> None:
+    def do(self, run: list[tuple[WebhookDelivery, Webhook]], state: Any) -> list:
+        for item in run:  # (one: the claimer hands them one by one, and no job claims more)
+            self._deliver(item)
+        return []
+
+    def _deliver(self, item: tuple[WebhookDelivery, Webhook]) -> None:
         delivery, webhook = item
         now = self.clock()
         answer = self._post(delivery, webhook, now)
