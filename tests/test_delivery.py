@@ -42,6 +42,27 @@ def post(client, tenant, **fields):
     return response.get_json()["id"]
 
 
+def queue_unsent(config, clock, count):
+    """``count`` emails queued by an app that delivers nothing (a worker whose delivery has not
+    started): the queue another app then drains; their tenant."""
+    accepting = create_app(config, clock=clock)
+    tenant = make_tenant(accepting)
+    for number in range(count):
+        post(Client(accepting), tenant, subject=f"m{number}")
+    return tenant
+
+
+def drain(app, sink, count):
+    """Start ``app``'s delivery, wait until the sink has ``count`` messages and each is
+    recorded ``sent``, and stop it."""
+    app.start()
+    try:
+        sink.wait_for(count, timeout=30)
+        wait_until(lambda: count_by_status(app.store) == {"sent": count}, what="recorded")
+    finally:
+        app.stop(timeout=5)
+
+
 def test_email_is_sent_through_the_relay(relayed, sink):
     tenant, client = make_tenant(relayed), Client(relayed)
     relayed.start()
@@ -184,10 +205,7 @@ def test_a_thread_that_sent_its_emails_claims_its_next_run_in_the_same_transacti
     and the next run's claim), not one an email and a claim, and the claimer thread looks
     once, to start."""
     config.update(smtp_url=sink.url, delivery_run=run)
-    accepting = create_app(config, clock=clock)  # never started: queues while nobody delivers
-    tenant = make_tenant(accepting)
-    for number in range(30):
-        post(Client(accepting), tenant, subject=f"m{number}")
+    queue_unsent(config, clock, 30)
     config["delivery_threads"] = 1
     delivering = create_app(config, clock=clock)
     writes, write = [], delivering.store.write
@@ -197,12 +215,7 @@ def test_a_thread_that_sent_its_emails_claims_its_next_run_in_the_same_transacti
         return write(job, durable)
 
     delivering.store.write = counted
-    delivering.start()
-    try:
-        sink.wait_for(30, timeout=30)
-        wait_until(lambda: count_by_status(delivering.store) == {"sent": 30}, what="recorded")
-    finally:
-        delivering.stop(timeout=5)
+    drain(delivering, sink, 30)
     assert len(sink.messages) == 30 and len({m.message_id for m in sink.messages}) == 30
     # (the first email alone, as the claimer handed it; then runs of the rest, each recorded
     # with the next run's claim; and a few looks or renewals)
@@ -244,10 +257,7 @@ def test_a_slow_relays_runs_are_of_one_email(config, clock, sink):
     """A run ends once it has been sending for RUN_SECONDS: what a crash sends again is only
     what the relay took in its last instant."""
     config["smtp_url"] = sink.url
-    accepting = create_app(config, clock=clock)
-    tenant = make_tenant(accepting)
-    for number in range(6):
-        post(Client(accepting), tenant, subject=f"m{number}")
+    queue_unsent(config, clock, 6)
     sink.behaviour.delay_seconds = RUN_SECONDS / 3  # five replies a message: past the bound
     config.update(delivery_threads=1, delivery_run=8)
     delivering = create_app(config, clock=clock)
@@ -260,12 +270,7 @@ def test_a_slow_relays_runs_are_of_one_email(config, clock, sink):
         return result
 
     delivering.delivery.record = counted
-    delivering.start()
-    try:
-        sink.wait_for(6, timeout=30)
-        wait_until(lambda: count_by_status(delivering.store) == {"sent": 6}, what="recorded")
-    finally:
-        delivering.stop(timeout=5)
+    drain(delivering, sink, 6)
     # Each outcome was recorded before the next message went: the sink's count at each record.
     assert recorded == [1, 2, 3, 4, 5, 6], recorded
 
