@@ -218,8 +218,9 @@ def test_a_thread_that_sent_its_emails_claims_its_next_run_in_the_same_transacti
     drain(delivering, sink, 30)
     assert len(sink.messages) == 30 and len({m.message_id for m in sink.messages}) == 30
     # (the first email alone, as the claimer handed it; then runs of the rest, each recorded
-    # with the next run's claim; and a few looks or renewals)
-    assert len(writes) <= 1 + math.ceil(29 / run) + 8, len(writes)
+    # with the next run's claim, held to three emails on average at least, since a slow machine
+    # may end a run at its 50 ms; and a few looks or renewals)
+    assert len(writes) <= 1 + math.ceil(29 / min(run, 3)) + 8, len(writes)
     if run > 1:
         assert len(writes) < 29, "a thread records a run in one transaction"
 
