@@ -5,7 +5,6 @@ on its own, with callers racing from several threads, each through a store objec
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -879,8 +878,7 @@ def test_runs_that_count_the_same_days_outcomes_in_opposite_orders_never_wait_in
     runs = [0, 0]
     sent = [(0, Recipient("b@example.org", "sent"))]
 
-    def record(store: Store, number: int) -> float:
-        started = time.monotonic()
+    def record(store: Store, number: int) -> None:
 
         def job(tx: Any) -> None:
             runs[number] += 1
@@ -892,10 +890,8 @@ def test_runs_that_count_the_same_days_outcomes_in_opposite_orders_never_wait_in
             tx.finish_attempt(other, "me", "sent", sent, 2.5 * 86400, None, None)
 
         store.write(job)
-        return time.monotonic() - started
 
-    took = race(stores[:2], record, rounds=1)
-    assert all(isinstance(seconds, float) for seconds in took), took
+    failed = [outcome for outcome in race(stores[:2], record, rounds=1) if outcome is not None]
+    assert not failed, failed  # (a lock timeout before the deadlock was found, say)
     assert runs == [1, 1], "a run met a deadlock and was run again"
-    assert max(took) < 0.9, took
     assert stores[0].reads.daily_outcomes(owner, 0.0, 3)[2] == {"sent": 4}
