@@ -131,7 +131,7 @@ class LeasedPool(Generic[Item]):
     def claim_next(self, tx: Writes, count: int = 1) -> list[Item]:
         """In the job that records a worker's outcomes: lease the worker its next run of up to
         ``count`` pieces, so that it goes on without waiting for the claimer (one transaction,
-        not two, a run). None while the pool is stopping, or when nothing is due."""
+        not two, a run). Nothing while the pool is stopping, or when nothing is due."""
         if not self._running:
             return []
         batch, _ = self.claim(tx, wanted=count)
