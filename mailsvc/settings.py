@@ -555,9 +555,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "submission_processes",
         1,
-        "Processes of `mailsvc submission`, each with its own event loop, threads and delivery, "
-        "on one listening socket (as gunicorn's workers): one a core for the most messages a "
-        "second. The connection limits are each process's.",
+        "Processes of `mailsvc submission` that take messages, each with its own event loop and "
+        "threads, on one listening socket (as gunicorn's workers): one a core for the most "
+        "messages a second. The connection limits are each process's. One process delivers; "
+        "above one, that is one more process of their own.",
         _positive_int,
     ),
     Setting(

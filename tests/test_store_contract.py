@@ -5,6 +5,7 @@ on its own, with callers racing from several threads, each through a store objec
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -895,3 +896,23 @@ def test_runs_that_count_the_same_days_outcomes_in_opposite_orders_never_wait_in
     assert not failed, failed  # (a lock timeout before the deadlock was found, say)
     assert runs == [1, 1], "a run met a deadlock and was run again"
     assert stores[0].reads.daily_outcomes(owner, 0.0, 3)[2] == {"sent": 4}
+
+
+def test_mail_announced_by_one_store_wakes_every_other_that_waits_and_nothing_else_does(stores):
+    """``announce_mail`` reaches every store that waits for mail (as another process or host
+    would); without one, a wait ends empty; a store that shut down is left out, the others
+    still hear."""
+    announcer, *listeners = stores[:4]
+    for listener in listeners:
+        assert listener.wait_for_mail(1.0)  # the first wait listens, and says: look now
+    for listener in listeners:
+        assert not listener.wait_for_mail(0.1)
+    announcer.announce_mail()
+    for listener in listeners:
+        assert listener.wait_for_mail(5.0)
+        assert not listener.wait_for_mail(0.1)  # one announcement is news once
+    listeners[0].shutdown()
+    time.sleep(0.1)  # (PostgreSQL: announcements closer together than this go as one)
+    announcer.announce_mail()
+    for listener in listeners[1:]:
+        assert listener.wait_for_mail(5.0)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.policy import SMTP
@@ -132,7 +133,21 @@ def deployment(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, authority: trustme.CA
 ) -> Iterator[Deployment]:
     folder = tmp_path_factory.mktemp(f"submission-{request.param}")
-    database = _database(request.param, folder, request)
+    with deployed(request, request.param, folder, authority) as made:
+        yield made
+
+
+@contextmanager
+def deployed(
+    request: pytest.FixtureRequest,
+    backend: str,
+    folder: Path,
+    authority: trustme.CA,
+    **more: str,
+) -> Iterator[Deployment]:
+    """A store of its own on ``backend``, served by a submission server with these settings
+    too and by the HTTP API (in-process), delivering to a sink of its own."""
+    database = _database(backend, folder, request)
     certificate = authority.issue_cert("127.0.0.1", "localhost")
     certificate.private_key_and_cert_chain_pem.write_to_path(str(folder / "server.pem"))
     authority.cert_pem.write_to_path(str(folder / "ca.pem"))
@@ -147,6 +162,7 @@ def deployment(
         "MAILSVC_LEASE_SECONDS": "3",
         "MAILSVC_STORE_MIN_FREE_MB": "0",
         "MAILSVC_OUTBOX": str(folder / "outbox"),
+        **more,
     }
     api = create_app(
         {"database": database, "rate_list_per_minute": 100_000, "store_min_free_mb": 0}
@@ -953,9 +969,9 @@ def test_headers_are_read_as_mail_clients_write_them(deployment):
 def test_several_processes_share_one_socket_and_stop_together(deployment):
     tenant = deployment.tenant()
     server = deployment.another_server(MAILSVC_SUBMISSION_PROCESSES="2")
-    wait_until(lambda: server.log().count("SMTP submission listening") == 2, 30, "both listen")
-    children = {int(pid) for pid in re.findall(r"listening on .*, pid (\d+)", server.log())}
-    assert len(children) == 2 and server.process.pid not in children
+    wait_until(lambda: all_started(server), 30, "all three started")
+    children, [deliverer] = takers_and_deliverers(server)
+    assert len(children) == 2 and server.process.pid not in children | {deliverer}
     sessions = [logged_in(deployment, tenant, server) for _ in range(8)]
     ids = [
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
@@ -971,14 +987,80 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
     log = server.stop()  # SIGTERM: every process stops, gracefully
     assert server.process.returncode == 0
     assert log.count("SMTP submission stopped") == 2
-    for pid in children - {first}:
+    assert log.count("SMTP submission: delivery stopped") == 1
+    for pid in children - {first} | {deliverer}:
         assert not Path(f"/proc/{pid}").exists()
 
     crashed = deployment.another_server(MAILSVC_SUBMISSION_PROCESSES="2")
-    wait_until(lambda: crashed.log().count("SMTP submission listening") == 2, 30, "both listen")
-    children = {int(pid) for pid in re.findall(r"listening on .*, pid (\d+)", crashed.log())}
+    wait_until(lambda: all_started(crashed), 30, "all three started")
+    takers, deliverers = takers_and_deliverers(crashed)
     crashed.stop(signal.SIGKILL)  # kill -9 of the service's process: its children go with it
-    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10, "gone")
+    wait_until(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in takers | set(deliverers)),
+        10,
+        "gone",
+    )
+
+
+def all_started(server: Submission) -> bool:
+    """Both processes that take messages, and the one that delivers, have started."""
+    takers, deliverers = takers_and_deliverers(server)
+    return len(takers) == 2 and len(deliverers) == 1
+
+
+def takers_and_deliverers(server: Submission) -> tuple[set[int], list[int]]:
+    """The pids of a server's processes that take messages, and of those that delivered, as
+    its log says they started."""
+    log = server.log()
+    takers = {int(pid) for pid in re.findall(r"listening on .*, pid (\d+)", log)}
+    return takers, [int(pid) for pid in re.findall(r"delivering what .*, pid (\d+)", log)]
+
+
+def test_several_processes_leave_delivery_to_one_of_their_own_that_mail_wakes_at_once(
+    request, tmp_path, authority, backend
+):
+    """With ``MAILSVC_SUBMISSION_PROCESSES=2`` the two processes that take messages deliver
+    nothing: one more process does, woken by the store's announcement as each message is
+    queued (its poll, every 30 s, cannot explain it); killed, it is replaced by another."""
+    with deployed(
+        request,
+        backend,
+        tmp_path,
+        authority,
+        MAILSVC_SUBMISSION_PROCESSES="2",
+        MAILSVC_POLL_SECONDS="30",
+    ) as deployment:
+        server = deployment.server
+        wait_until(lambda: all_started(server), 30, "all three started")
+        takers, [deliverer] = takers_and_deliverers(server)
+        tenant = deployment.tenant()
+
+        def send(count: int) -> list[EmailMessage]:
+            sent = [message(tenant) for _ in range(count)]
+            with logged_in(deployment, tenant) as session:
+                for mail in sent:
+                    queued_id(submit(session, mail, tenant.address, ["a@example.org"])[2])
+            return sent
+
+        time.sleep(1.0)  # (the delivery process's first look for mail is over)
+        for mail in send(3):  # announced: at the sink at once, not at the next poll
+            deployment.delivered(mail["Message-ID"], timeout=5)
+
+        os.kill(deliverer, signal.SIGSTOP)  # the processes that took them do not deliver
+        held = send(4)
+        time.sleep(2.0)
+        at_sink = {m.message_id for m in deployment.sink.messages}
+        assert not at_sink & {mail["Message-ID"] for mail in held}
+        os.kill(deliverer, signal.SIGCONT)  # the announcements wait for it
+        for mail in held:
+            deployment.delivered(mail["Message-ID"], timeout=5)
+
+        os.kill(deliverer, signal.SIGKILL)  # replaced, and the new one is woken too
+        wait_until(lambda: len(takers_and_deliverers(server)[1]) == 2, 30, "replaced")
+        time.sleep(1.0)
+        for mail in send(3):
+            deployment.delivered(mail["Message-ID"], timeout=5)
+        assert takers_and_deliverers(server)[0] == takers
 
 
 def test_a_bounce_report_reaches_a_message_sent_over_smtp(deployment):

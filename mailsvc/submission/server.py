@@ -4,6 +4,10 @@ One event loop serves every SMTP session (aiosmtpd); a few threads do what block
 parsing a message). The process is a whole mailsvc process on the same store as the HTTP API:
 it runs delivery, webhook delivery and the purge too, as a gunicorn worker does, so mail
 submitted here leaves at once, and a deployment that only speaks SMTP needs no other process.
+With ``MAILSVC_SUBMISSION_PROCESSES`` above one, the processes that take messages leave those
+three to one more process of their own, as Postfix's smtpd leaves them to its queue manager: a
+busy connection's process spends its core on taking messages, another core delivers them, and
+the store's announcements (:meth:`~mailsvc.store.contract.Store.announce_mail`) wake it.
 
 SIGTERM or SIGINT stops it gracefully: it stops listening, lets every message being taken
 finish (its client gets its reply), tells every other session ``421 4.3.2`` and closes it,
@@ -18,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -50,10 +55,13 @@ class SubmissionServer:
         listen: str | None = None,
         clock: Callable[[], float] = time.time,
         sock: socket.socket | None = None,
+        delivers: bool = True,
     ) -> None:
         self.settings = settings
         self.listen = listen or settings.submission_listen
         self.sock = sock  # a listening socket shared with other processes, or None
+        #: Whether this process delivers (else a delivery process of its own does).
+        self.delivers = delivers
         self.tls = tls_context(settings)
         self.service = MailService(settings, clock)
         self.executor = ThreadPoolExecutor(
@@ -107,7 +115,8 @@ class SubmissionServer:
                 self._session, host.strip("[]"), int(port), ssl=tls, reuse_address=True,
                 backlog=256,
             )  # fmt: skip
-        self.service.start()
+        if self.delivers:
+            self.service.start()
         said = "implicit TLS" if implicit else "STARTTLS" if self.tls else "no TLS"
         auth = (
             "AUTH after TLS"
@@ -174,10 +183,26 @@ def _notify_systemd(state: str) -> None:
             notify.sendto(state.encode(), address)
 
 
+def deliver(settings: Settings) -> None:
+    """The delivery process of several submission processes: delivery, webhook delivery and
+    the purge (a gunicorn worker's threads), until SIGTERM or SIGINT, then a graceful stop."""
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stopping.set())
+    service = MailService(settings)
+    service.start()
+    log.info("SMTP submission: delivering what the processes take, pid %d", os.getpid())
+    stopping.wait()
+    service.stop(graceful=True, timeout=GRACEFUL_SECONDS)
+    _mark_dead()
+    log.info("SMTP submission: delivery stopped")
+
+
 def serve(settings: Settings, listen: str | None = None) -> None:
     """Serve SMTP submission with ``MAILSVC_SUBMISSION_PROCESSES`` processes until SIGTERM or
-    SIGINT. With more than one, this process binds the socket, forks them (each a whole
-    :class:`SubmissionServer`), starts another if one dies, and passes a stop on to them."""
+    SIGINT. With more than one, this process binds the socket, forks them (each a
+    :class:`SubmissionServer` that does not deliver) and one that delivers, starts another
+    if one dies, and passes a stop on to them."""
     count = settings.submission_processes
     address = listen or settings.submission_listen
     tls_context(settings)  # a certificate that cannot work is said once, before any fork
@@ -191,26 +216,31 @@ def serve(settings: Settings, listen: str | None = None) -> None:
         backlog=256,
         reuse_port=False,
     )
-    children: set[int] = set()
+    #: Each child's pid, and whether it is the one that delivers.
+    children: dict[int, bool] = {}
     stopping = False
 
-    def spawn() -> None:
+    def spawn(delivery: bool) -> None:
         pid = os.fork()
-        if pid == 0:  # the child: a whole submission process on the shared socket
+        if pid == 0:  # the child: a submission process on the shared socket, or delivery
             code = 1
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 _die_with_parent()
                 os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
-                SubmissionServer(settings, address, sock=listening).serve()
+                if delivery:
+                    listening.close()
+                    deliver(settings)
+                else:
+                    SubmissionServer(settings, address, sock=listening, delivers=False).serve()
                 code = 0
             except BaseException:
                 log.exception("SMTP submission process failed")
             finally:
                 logging.shutdown()
                 os._exit(code)
-        children.add(pid)
+        children[pid] = delivery
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
@@ -222,15 +252,21 @@ def serve(settings: Settings, listen: str | None = None) -> None:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for _ in range(count):
-        spawn()
-    log.info("SMTP submission: %d processes on %s, pid %d", count, address, os.getpid())
+        spawn(delivery=False)
+    spawn(delivery=True)
+    log.info(
+        "SMTP submission: %d processes on %s and one that delivers, pid %d",
+        count,
+        address,
+        os.getpid(),
+    )
     _notify_systemd("READY=1")
     while children:
         try:
             pid, status = os.wait()
         except ChildProcessError:
             break
-        children.discard(pid)
+        delivery = children.pop(pid, False)
         if not stopping:
             log.error(
                 "SMTP submission process %d ended (%s); another is started",
@@ -239,7 +275,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             )
             time.sleep(1.0)  # (not a storm of forks when every one fails at once)
             if not stopping:
-                spawn()
+                spawn(delivery)
     _notify_systemd("STOPPING=1")
     listening.close()
 

@@ -221,6 +221,8 @@ class PostgresStore:
         self._listener_pid: int | None = None
         self._announcer: threading.Thread | None = None
         self._announce = threading.Event()
+        #: Shutdowns so far: an announcer thread ends at the next one.
+        self._shutdowns = 0
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -462,9 +464,10 @@ class PostgresStore:
                     self._announcer.start()
 
     def _announce_loop(self) -> None:
+        began = self._shutdowns
         while self._announce.wait():
             self._announce.clear()
-            if self._pool is None:  # shut down: the next announcement starts a new loop
+            if self._shutdowns != began:  # shut down: the next announcement starts a new loop
                 return
             try:  # (on another connection if the server had closed the first)
                 self._run(lambda c: c.execute(f"NOTIFY {CHANNEL}", prepare=False))
@@ -504,6 +507,7 @@ class PostgresStore:
         with self._lock:
             pool, listener, pid = self._pool, self._listener, self._pid
             self._pool, self._listener, self._pid = None, None, None
+            self._shutdowns += 1
         self._announce.set()  # the announcer, if any, sees the store shut and ends
         if pid == os.getpid() and pool is not None:
             pool.close()

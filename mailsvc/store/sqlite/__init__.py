@@ -7,7 +7,8 @@ caller's thread; those that come meanwhile are group-committed by the process's 
 file beside the database, taken before ``BEGIN IMMEDIATE``: a waiting writer sleeps in the
 kernel and wakes the moment the lock is free, instead of in SQLite's busy handler, which polls
 in steps of up to 100 ms. Connections are opened lazily, in the process that uses them, and
-never carried across ``fork()``.
+never carried across ``fork()``. New mail is announced to the machine's other processes with a
+datagram each (see :mod:`.announcements`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..contract import Reads, Writes, each_read
 from ..outages import FULL, LOW_ON_ROOM, NOT_WRITABLE, WRITE_FAILURES, Conditions
 from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
+from .announcements import Announcements
 from .writer import Writer
 
 Result = TypeVar("Result")
@@ -84,7 +86,7 @@ class SqliteStore:
     """
 
     backend = "sqlite"
-    announces_mail = False
+    announces_mail = True
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         self.path = Path(path)
@@ -101,6 +103,7 @@ class SqliteStore:
         self._writer = Writer(
             self._transaction, self._close_writing, lambda waits: self.on_commit(waits)
         )
+        self._announcements = Announcements(self.path)
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -161,13 +164,14 @@ class SqliteStore:
             raise
 
     def announce_mail(self) -> None:
-        pass  # processes on one machine find each other's mail by polling
+        self._announcements.announce()
 
     def wait_for_mail(self, timeout: float) -> bool:
-        return False  # processes on one machine find each other's mail by polling
+        return self._announcements.wait(timeout)
 
     def shutdown(self) -> None:
         self._writer.stop()
+        self._announcements.close()
         with self._lock:
             idle, self._idle = self._idle, []
         for connection in idle:

@@ -1,0 +1,158 @@
+"""News of new mail between the processes of one machine that share a SQLite file.
+
+A process that waits for news binds a Unix datagram socket in the folder ``<database>-wake``
+beside the file, named by its pid and a random part (a new process never takes a dead one's
+name). An announcement is one empty datagram sent, without waiting, to every other socket
+there: a full queue means that process has news waiting already; a socket nobody holds any
+longer (a process killed) is removed. The folder is listed again only when it changed.
+
+A path too long for a socket's address (108 bytes) is reached through the folder's
+``/proc/self/fd`` entry; where that cannot be bound either, the process is told so once and
+finds mail by polling, as before announcements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import select
+import socket
+import threading
+from pathlib import Path
+
+log = logging.getLogger("mailsvc.store")
+
+#: The longest socket address the kernel takes (``sun_path``), less a margin.
+_LONGEST_ADDRESS = 100
+#: Datagrams a wait reads at most before it answers (news is news, however much of it).
+_DRAIN = 64
+
+
+class Announcements:
+    """The announcements of the database at ``database``'s path."""
+
+    def __init__(self, database: Path) -> None:
+        self.folder = Path(f"{database}-wake")
+        self._lock = threading.Lock()
+        #: This process's socket, its name, and the pid that bound it (none carried by fork).
+        self._listening: tuple[socket.socket, str, int] | None = None
+        self._sender: tuple[socket.socket, int] | None = None
+        self._folder_fd: tuple[int, int] | None = None
+        #: The others' socket names, and the folder's change time when they were listed.
+        self._names: list[str] = []
+        self._listed: int | None = None
+        self._cannot = False
+
+    # -- announcing ------------------------------------------------------------------------
+
+    def announce(self) -> None:
+        """Tell every other waiting process that mail was queued; never waits."""
+        try:
+            changed = os.stat(self.folder).st_mtime_ns
+        except OSError:
+            return  # nobody has waited yet
+        with self._lock:
+            if changed != self._listed:
+                self._names = self._others()
+                self._listed = changed
+            names = self._names
+            sender = self._sending_socket()
+        for name in names:
+            try:
+                sender.sendto(b"", socket.MSG_DONTWAIT, self._address(name))
+            except BlockingIOError:
+                pass  # its queue is full: it has news waiting
+            except (ConnectionRefusedError, FileNotFoundError):
+                with contextlib.suppress(OSError):  # a process that ended without a word
+                    os.unlink(self.folder / name)
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    log.debug("store: an announcement of new mail was not sent: %s", exc)
+
+    def _others(self) -> list[str]:
+        mine = self._listening[1] if self._listening is not None else None
+        try:
+            return [entry.name for entry in os.scandir(self.folder) if entry.name != mine]
+        except OSError:
+            return []
+
+    def _sending_socket(self) -> socket.socket:
+        if self._sender is None or self._sender[1] != os.getpid():
+            if self._sender is not None:
+                self._sender[0].close()  # (the parent's, in a forked child: its copy only)
+            self._sender = (socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM), os.getpid())
+        return self._sender[0]
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for an announcement from another process; True if one came.
+        The first call binds this process's socket and answers True at once (what was
+        announced before is looked for now); False at once where nothing can be bound."""
+        listening = self._listening
+        if listening is None or listening[2] != os.getpid():
+            if self._cannot:
+                return False
+            self._listen()
+            return True
+        receiver = listening[0]
+        try:
+            ready, _, _ = select.select([receiver], [], [], timeout)
+        except (OSError, ValueError):  # closed meanwhile (the store shut down)
+            return False
+        if not ready:
+            return False
+        for _ in range(_DRAIN):
+            try:
+                receiver.recv(1, socket.MSG_DONTWAIT)
+            except OSError:
+                break
+        return True
+
+    def _listen(self) -> None:
+        name = f"{os.getpid()}-{secrets.token_hex(4)}"
+        receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self.folder.mkdir(exist_ok=True)
+            receiver.bind(self._address(name))
+        except OSError as exc:
+            receiver.close()
+            self._cannot = True
+            log.warning(
+                "store: processes cannot announce new mail to this one (%s: %s); it looks for "
+                "mail every MAILSVC_POLL_SECONDS",
+                self.folder,
+                exc,
+            )
+            return
+        with self._lock:
+            self._listening = (receiver, name, os.getpid())
+            self._listed = None
+
+    def _address(self, name: str) -> str:
+        path = str(self.folder / name)
+        if len(path.encode()) <= _LONGEST_ADDRESS:
+            return path
+        if self._folder_fd is None or self._folder_fd[1] != os.getpid():
+            self._folder_fd = (os.open(self.folder, os.O_PATH | os.O_DIRECTORY), os.getpid())
+        return f"/proc/self/fd/{self._folder_fd[0]}/{name}"
+
+    def close(self) -> None:
+        """This process waits and announces no longer: its sockets are closed, and the one it
+        waited on removed (the next use opens them again)."""
+        with self._lock:
+            listening, self._listening = self._listening, None
+            sender, self._sender = self._sender, None
+            folder_fd, self._folder_fd = self._folder_fd, None
+        if listening is not None:
+            listening[0].close()
+            if listening[2] == os.getpid():
+                with contextlib.suppress(OSError):
+                    os.unlink(self.folder / listening[1])
+        if sender is not None:
+            sender[0].close()
+        if folder_fd is not None and folder_fd[1] == os.getpid():
+            os.close(folder_fd[0])
