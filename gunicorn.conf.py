@@ -3,9 +3,11 @@
 ``-b`` and ``-w`` on the command line override what is set here, as gunicorn always allows.
 The master checks the settings, opens the store (migrating it) and imports the app before it
 forks (the workers share what it loaded); a setting that cannot work is one line on stderr and a
-non-zero exit, an unknown ``MAILSVC_*`` variable a warning. Delivery threads start in each
-worker after fork and stop, gracefully, when the worker exits. Metrics of every worker are
-counted together (prometheus_client's multiprocess mode).
+non-zero exit, an unknown ``MAILSVC_*`` variable a warning. Delivery runs in a process of its
+own that the master starts once it is ready (``MAILSVC_DELIVERY_PROCESS``; see
+mailsvc/delivery/process.py) and stops, gracefully, as it exits; with the setting off, delivery
+threads start in each worker after fork and stop when the worker exits. Metrics of every
+process are counted together (prometheus_client's multiprocess mode).
 """
 
 import ctypes
@@ -13,6 +15,7 @@ import gc
 import os
 import shutil
 import tempfile
+from multiprocessing.sharedctypes import RawValue
 
 # prometheus_client reads this when it is first imported, so before anything of mailsvc's; a
 # folder of our own unless the operator names one, emptied at every start.
@@ -25,6 +28,7 @@ os.makedirs(_METRICS_FOLDER, exist_ok=True)
 
 import gunicorn.util  # noqa: E402
 
+from mailsvc.delivery import process as delivery_process  # noqa: E402
 from mailsvc.errors import raw_error_response  # noqa: E402
 from mailsvc.ops import logs, metrics  # noqa: E402
 from mailsvc.ops.startup import check_or_exit, fail, warn  # noqa: E402
@@ -95,10 +99,30 @@ def post_fork(server, worker):
             mallopt(_M_ARENA_MAX, 2)
 
 
+#: The pid of the process that delivers, which its supervisor writes and the workers read (in
+#: memory the master shares with every process it forks), and the supervisor's.
+_DELIVERING = RawValue(ctypes.c_int, 0)
+_supervisor = 0
+
+
+def when_ready(server):
+    global _supervisor
+    if _settings.delivery_process:
+        from mailsvc.app import MailService
+
+        _supervisor = delivery_process.start_supervisor(
+            lambda: MailService(_settings), lambda pid: setattr(_DELIVERING, "value", pid)
+        )
+
+
 def post_worker_init(worker):
     # Another app (the benchmark's no-op floor) may run under this same configuration.
     start = getattr(worker.wsgi, "start", None)
-    if start is not None:
+    if start is None:
+        return
+    if _settings.delivery_process:
+        worker.wsgi.deliver_elsewhere(lambda: delivery_process.running(_DELIVERING.value))
+    else:
         start()
 
 
@@ -115,5 +139,7 @@ def child_exit(server, worker):
 
 
 def on_exit(server):
+    if _supervisor:  # (after the workers: what they accepted last is announced)
+        delivery_process.stop_supervisor(_supervisor, graceful_timeout)
     if _MADE_METRICS_FOLDER:
         shutil.rmtree(_METRICS_FOLDER, ignore_errors=True)

@@ -27,6 +27,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -111,6 +112,11 @@ class MailService:
             lambda: {"delivery": self.delivery.alive, "webhooks": self.webhooks.alive},
             lambda: self.openapi,
         )
+
+    def deliver_elsewhere(self, running: Callable[[], bool]) -> None:
+        """Another process delivers (see :mod:`mailsvc.delivery.process`): this one starts no
+        delivery thread, and ``/readyz`` asks ``running()`` whether that process runs."""
+        self.process = replace(self.process, running=lambda: {"delivery process": running()})
 
     def start(self) -> None:
         """Start the delivery threads of this process, mail's and webhooks', and the purge of

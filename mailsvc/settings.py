@@ -273,7 +273,21 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("outbox", "./var/outbox", "Maildir that receives mail when no relay is set."),
     Setting("smtp_timeout_seconds", 30.0, "Timeout of each SMTP command.", _positive_float),
-    Setting("delivery_threads", 4, "Delivery threads in each worker process.", _positive_int),
+    Setting(
+        "delivery_process",
+        "true",
+        "Under gunicorn, deliver (mail, webhooks, the purge) in a process of its own that the "
+        "master starts beside the workers and starts again if it dies, not in every worker: "
+        "requests and deliveries then never wait for each other's interpreter lock.",
+        _boolean,
+    ),
+    Setting(
+        "delivery_threads",
+        4,
+        "Delivery threads of the process that delivers (each worker's, with "
+        "MAILSVC_DELIVERY_PROCESS=false).",
+        _positive_int,
+    ),
     Setting(
         "delivery_run",
         8,
@@ -452,7 +466,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "webhook_threads",
         4,
-        "Webhook delivery threads in each worker process (apart from mail delivery's).",
+        "Webhook delivery threads of the process that delivers (apart from mail delivery's).",
         _positive_int,
     ),
     Setting(

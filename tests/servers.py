@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: What the processes that deliver are named (mailsvc/delivery/process.py).
+DELIVERY_PROCESS_NAME = "mailsvc-deliver"
 #: The PostgreSQL server the tests and benchmarks make their databases on.
 POSTGRES_URL = os.environ.get(
     "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -122,10 +124,23 @@ class Gunicorn:
                 raise RuntimeError(self.log())
             try:
                 self.request("GET", "/")
-                return self
             except (OSError, ValueError):
                 time.sleep(0.1)
+                continue
+            while self._delivers_apart() and self.delivery_pids() is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"its process that delivers did not start:\n{self.log()}")
+                time.sleep(0.02)
+            return self
         raise RuntimeError("gunicorn did not start")
+
+    def _delivers_apart(self) -> bool:
+        """Whether this checkout's gunicorn.conf.py starts a process that delivers."""
+        return (
+            self.app is None
+            and self.env.get("MAILSVC_DELIVERY_PROCESS", "true") == "true"
+            and "delivery_process" in (self.root / "gunicorn.conf.py").read_text()
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> str:
         """Stop the server; returns what it wrote on stderr."""
@@ -140,18 +155,35 @@ class Gunicorn:
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while True:
-            children = []
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    try:
-                        fields = proc_stat(int(entry.name))
-                    except OSError:
-                        continue
-                    if int(fields[1]) == self.process.pid:
-                        children.append(int(entry.name))
+            children = [
+                pid
+                for pid, parent in _processes()
+                if parent == self.process.pid and _name(pid) != DELIVERY_PROCESS_NAME
+            ]
             if len(children) >= self.workers or time.monotonic() > deadline:
                 return children
             time.sleep(0.05)
+
+    def delivery_pids(self) -> tuple[int, int] | None:
+        """The supervisor of the process that delivers, and that process, when both run."""
+        assert self.process is not None
+        processes = _processes()
+        supervisors = [
+            pid
+            for pid, parent in processes
+            if parent == self.process.pid and _name(pid) == DELIVERY_PROCESS_NAME
+        ]
+        for supervisor in supervisors:
+            for pid, parent in processes:
+                if parent == supervisor and _name(pid) == DELIVERY_PROCESS_NAME:
+                    return supervisor, pid
+        return None
+
+    def service_pids(self) -> list[int]:
+        """The processes that do the service's work: the workers and the one that delivers
+        (what the benchmarks count the CPU time of)."""
+        delivery = self.delivery_pids()
+        return self.worker_pids() + ([delivery[1]] if delivery else [])
 
     def gauge(self, name: str, token: str) -> float:
         """A metric's value, as ``GET /metrics`` (with ``MAILSVC_METRICS_TOKEN=token``) says."""
@@ -168,7 +200,7 @@ class Gunicorn:
         """``kill -9`` the master and every worker at once; returns what it wrote once all of
         them are dead (their connections closed by the kernel)."""
         assert self.process is not None
-        workers = self.worker_pids(timeout=0)  # (those there are now)
+        workers = self.worker_pids(timeout=0) + list(self.delivery_pids() or ())  # (now)
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
         deadline = time.monotonic() + 30
@@ -244,6 +276,25 @@ class Nginx:
         assert self.process is not None
         self.process.terminate()
         self.process.wait(timeout=10)
+
+
+def _processes() -> list[tuple[int, int]]:
+    """Every process on the machine, with its parent's pid."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), int(proc_stat(int(entry.name))[1])))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def proc_stat(pid: int) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import wait_until
-from .servers import ROOT, free_port, proc_stat, request
+from .servers import DELIVERY_PROCESS_NAME, ROOT, free_port, proc_stat, request
 
 DEPLOY = ROOT / "mailsvc" / "deploy"
 VENV_BIN = Path(sys.executable).parent
@@ -40,13 +40,16 @@ def here(text: str, folder: Path) -> str:
 
 
 def children(pid: int) -> set[int]:
-    """The processes whose parent is ``pid`` (gunicorn's workers)."""
+    """The processes whose parent is ``pid``, but the one that supervises delivery (gunicorn's
+    workers)."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 if int(proc_stat(int(entry.name))[1]) == pid:
-                    found.add(int(entry.name))
+                    comm = (entry / "comm").read_text().strip()
+                    if comm != DELIVERY_PROCESS_NAME:
+                        found.add(int(entry.name))
             except (OSError, IndexError, ValueError):
                 pass
     return found

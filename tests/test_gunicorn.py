@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from mailsvc import operator
 
-from .conftest import VERIFIED, email_body
+from .conftest import VERIFIED, email_body, wait_until
 from .servers import Gunicorn
 
 pytestmark = pytest.mark.slow
@@ -78,5 +81,98 @@ def test_what_gunicorn_refuses_itself_is_answered_in_the_error_format(served_ten
             assert b"Content-Type: application/json" in head, head
             error = json.loads(body)
             assert error["statusCode"] == status and error["message"] and error["error"], error
+    finally:
+        server.stop()
+
+
+def test_delivery_runs_in_a_process_of_its_own_that_new_mail_wakes_at_once(served_tenant, sink):
+    """Under gunicorn, the workers deliver nothing: a process of its own does, woken as each
+    email is queued (its poll, every 30 s, cannot explain it); killed, it is replaced at once;
+    without it (its supervisor killed too), /readyz says delivery is not running."""
+    path, db, _, headers = served_tenant
+    server = Gunicorn(
+        {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, "MAILSVC_POLL_SECONDS": "30"},
+        workers=2,
+    ).start()
+    try:
+        supervisor, delivering = server.delivery_pids()
+        assert len(server.worker_pids()) == 2
+        time.sleep(1.0)  # (the process's first look for mail is over)
+
+        def send(count: int) -> set[str]:
+            results = server.many([("POST", "/v1/emails", email_body(), headers)] * count)
+            assert [status for status, _ in results] == [200] * count
+            return {f"<{body['id']}@{VERIFIED}>" for _, body in results}
+
+        def arrived(message_ids: set[str], timeout: float = 5.0) -> None:
+            wait_until(
+                lambda: message_ids <= {m.message_id for m in sink.messages}, timeout, "at sink"
+            )
+
+        arrived(send(3))  # announced: at the sink at once, not at the next poll
+        # Stopped once it has recorded them, not in a transaction that others would wait for.
+        wait_until(lambda: db.reads.count_emails_by_status() == {"sent": 3}, 10, "recorded")
+        os.kill(delivering, signal.SIGSTOP)  # the workers that accepted them do not deliver
+        held = send(4)
+        time.sleep(2.0)
+        assert not held & {m.message_id for m in sink.messages}
+        os.kill(delivering, signal.SIGCONT)  # the announcements waited for it
+        arrived(held)
+
+        os.kill(delivering, signal.SIGKILL)  # the supervisor starts another, woken too
+        wait_until(lambda: (server.delivery_pids() or (0, delivering))[1] != delivering, 10)
+        assert server.delivery_pids()[0] == supervisor
+        time.sleep(1.0)
+        arrived(send(3))
+        assert server.request("GET", "/readyz")[0] == 200
+
+        _, delivering = server.delivery_pids()
+        os.kill(supervisor, signal.SIGKILL)  # nothing starts it again: the workers say so
+        wait_until(lambda: not Path(f"/proc/{delivering}").exists(), 10, "its end")
+        status, body = server.request("GET", "/readyz")
+        assert (status, body["message"]) == (503, "delivery process: not running")
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log
+
+
+def test_a_graceful_stop_stops_the_delivering_process_after_the_workers(served_tenant, sink):
+    path, _, _, headers = served_tenant
+    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=2).start()
+    supervisor, delivering = server.delivery_pids()
+    results = server.many([("POST", "/v1/emails", email_body(), headers)] * 20)
+    log = server.stop()  # SIGTERM to the master
+    assert server.process.returncode == 0
+    assert "delivery: stopped" in log
+    for pid in (supervisor, delivering):
+        assert not Path(f"/proc/{pid}").exists()
+    accepted = {f"<{body['id']}@{VERIFIED}>" for _, body in results}
+    restarted = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=1)
+    restarted.start()
+    try:  # what was left is delivered by the next start, each once
+        wait_until(lambda: accepted <= {m.message_id for m in sink.messages}, 30, "delivered")
+    finally:
+        restarted.stop()
+    assert Counter(m.message_id for m in sink.messages if m.message_id in accepted) == Counter(
+        dict.fromkeys(accepted, 1)
+    )
+
+
+def test_with_delivery_process_off_each_worker_delivers(served_tenant, sink):
+    path, _, _, headers = served_tenant
+    server = Gunicorn(
+        {
+            "MAILSVC_DATABASE": path,
+            "MAILSVC_SMTP_URL": sink.url,
+            "MAILSVC_DELIVERY_PROCESS": "false",
+        },
+        workers=2,
+    ).start()
+    try:
+        assert server.delivery_pids() is None
+        results = server.many([("POST", "/v1/emails", email_body(), headers)] * 10)
+        accepted = {f"<{body['id']}@{VERIFIED}>" for _, body in results}
+        wait_until(lambda: accepted <= {m.message_id for m in sink.messages}, 30, "delivered")
+        assert server.request("GET", "/readyz")[1]["delivery"] == "running"
     finally:
         server.stop()

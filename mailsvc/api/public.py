@@ -60,7 +60,7 @@ def readiness(process: Process) -> dict[str, Any]:
     running = process.running()
     for name, alive in running.items():
         if not alive:
-            raise ServiceUnavailable(f"{name}: its threads are not running in this process")
+            raise ServiceUnavailable(f"{name}: not running")
     return {"status": "ready", "store": store.backend, **dict.fromkeys(running, "running")}
 
 

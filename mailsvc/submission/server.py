@@ -22,13 +22,13 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..app import MailService
+from ..delivery.process import deliver, die_with_parent, name_this_process
 from ..http.inputs import Pace
 from ..ops import metrics
 from ..settings import Settings
@@ -183,21 +183,6 @@ def _notify_systemd(state: str) -> None:
             notify.sendto(state.encode(), address)
 
 
-def deliver(settings: Settings) -> None:
-    """The delivery process of several submission processes: delivery, webhook delivery and
-    the purge (a gunicorn worker's threads), until SIGTERM or SIGINT, then a graceful stop."""
-    stopping = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda signum, frame: stopping.set())
-    service = MailService(settings)
-    service.start()
-    log.info("SMTP submission: delivering what the processes take, pid %d", os.getpid())
-    stopping.wait()
-    service.stop(graceful=True, timeout=GRACEFUL_SECONDS)
-    _mark_dead()
-    log.info("SMTP submission: delivery stopped")
-
-
 def serve(settings: Settings, listen: str | None = None) -> None:
     """Serve SMTP submission with ``MAILSVC_SUBMISSION_PROCESSES`` processes until SIGTERM or
     SIGINT. With more than one, this process binds the socket, forks them (each a
@@ -227,11 +212,12 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                _die_with_parent()
+                die_with_parent()
                 os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
                 if delivery:
                     listening.close()
-                    deliver(settings)
+                    name_this_process()
+                    deliver(lambda: MailService(settings))
                 else:
                     SubmissionServer(settings, address, sock=listening, delivers=False).serve()
                 code = 0
@@ -278,12 +264,3 @@ def serve(settings: Settings, listen: str | None = None) -> None:
                 spawn(delivery)
     _notify_systemd("STOPPING=1")
     listening.close()
-
-
-def _die_with_parent() -> None:
-    """This child is killed when its parent dies (kill -9 of the service kills it whole)."""
-    import ctypes
-
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

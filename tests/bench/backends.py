@@ -55,7 +55,7 @@ def measure(database: str, sink: Sink, args, folder: Path) -> dict[str, float]:
     env = {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
     server = serve(env, args.workers)
     try:
-        workers = server.worker_pids()
+        workers = server.service_pids()
         workers_before = cpu_seconds(workers)
         server_before = server_cpu_seconds()
         accept, (end_to_end, count) = accept_end_to_end(

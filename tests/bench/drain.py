@@ -66,7 +66,7 @@ def drain(
     server.root = checkout
     server.start()
     try:
-        pids = server.worker_pids()
+        pids = server.service_pids()
         workers_before, server_before = cpu_seconds(pids), server_cpu_seconds()
         sink.wait_for(before + emails)
         workers_cpu = cpu_seconds(pids) - workers_before

@@ -108,7 +108,7 @@ def _measure(
     headers = {"Authorization": f"Bearer {key}"}
     try:
         body = _templated(server.port, headers) if args.template else email(1)
-        workers = server.worker_pids()
+        workers = server.service_pids()
         cpu_before = cpu_seconds(workers)
         accept, (end_to_end, accepted) = accept_end_to_end(
             server, env, sink, headers, args, folder, body

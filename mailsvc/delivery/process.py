@@ -1,0 +1,173 @@
+"""Delivery in a process of its own, beside the processes that take mail.
+
+A process that takes mail (a gunicorn worker answering requests, a submission process taking
+messages) and one that delivers share nothing but the store: each runs on its own interpreter
+lock, so a request never waits for a delivery thread to give the lock up, nor a delivery for a
+request. The store wakes the delivering process as each email is queued
+(:meth:`~mailsvc.store.contract.Store.announce_mail`).
+
+gunicorn's master starts a **supervisor** (``MAILSVC_DELIVERY_PROCESS``, see gunicorn.conf.py):
+a small process that forks the delivering one, starts another in its place if it dies, and
+passes a stop on to it. Both are named ``mailsvc-deliver`` (what ``ps -o comm`` and ``top``
+show) and end when their parent does. The supervisor writes the delivering process's pid where
+the workers read it (shared memory), so that their ``/readyz`` says whether delivery runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger("mailsvc.delivery")
+
+#: The processes' name (at most 15 bytes: the kernel's limit).
+PROCESS_NAME = "mailsvc-deliver"
+#: Seconds in-flight deliveries have to finish when the process is stopped.
+GRACEFUL_SECONDS = 30.0
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+
+
+class Service(Protocol):
+    """What delivers: the app (:class:`mailsvc.app.MailService`), whose threads start and stop."""
+
+    def start(self) -> None: ...
+
+    def stop(self, graceful: bool = True, timeout: float | None = None) -> None: ...
+
+
+def deliver(make_service: Callable[[], Service]) -> None:
+    """Deliver (the threads ``make_service()`` starts: mail's, webhooks', the purge) until
+    SIGTERM or SIGINT, then stop gracefully."""
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: stopping.set())
+    service = make_service()
+    service.start()
+    log.info("delivery: a process of its own, pid %d", os.getpid())
+    stopping.wait()
+    service.stop(graceful=True, timeout=GRACEFUL_SECONDS)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # its live gauges no longer count
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(os.getpid())
+    log.info("delivery: stopped")
+
+
+def start_supervisor(make_service: Callable[[], Service], publish: Callable[[int], None]) -> int:
+    """Fork the supervisor (from a process with no other thread: gunicorn's master, when
+    ready); its pid. ``publish`` is called in it with each delivering process's pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        name_this_process()
+        die_with_parent(signal.SIGTERM)
+        supervise(make_service, publish)
+        code = 0
+    except BaseException:
+        log.exception("delivery: the supervisor failed")
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def supervise(make_service: Callable[[], Service], publish: Callable[[int], None]) -> None:
+    """Keep one delivering process running until SIGTERM or SIGINT, then stop it."""
+    stopping = False
+    child = 0
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping:
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                die_with_parent(signal.SIGTERM)
+                deliver(make_service)
+                code = 0
+            except BaseException:
+                log.exception("delivery: the process failed")
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        publish(child)
+        _, status = _wait(child)
+        if not stopping:
+            log.error(
+                "delivery: its process %d ended (%s); another is started",
+                child,
+                os.waitstatus_to_exitcode(status),
+            )
+            time.sleep(1.0)  # (not a storm of forks when every one fails at once)
+    publish(0)
+
+
+def _wait(pid: int) -> tuple[int, int]:
+    while True:
+        try:
+            return os.waitpid(pid, 0)
+        except ChildProcessError:
+            return pid, 0
+        except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
+            continue
+
+
+def stop_supervisor(pid: int, timeout: float) -> None:
+    """SIGTERM to the supervisor, which stops delivery gracefully; kill -9 after ``timeout``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return
+        if not running(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """This process gets ``signum`` when the process (thread) that forked it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signum)
+
+
+def name_this_process() -> None:
+    """``mailsvc-deliver`` in ``ps -o comm``, ``top`` and /proc/PID/comm."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, PROCESS_NAME.encode())
