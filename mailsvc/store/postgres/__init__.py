@@ -53,7 +53,7 @@ logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 CHANNEL = "mailsvc_mail"
 #: The least time between two announcements of new mail from one process.
-ANNOUNCE_EVERY_SECONDS = 0.05
+ANNOUNCE_EVERY_SECONDS = 0.005
 #: Times a job is run again after a deadlock or a serialization failure.
 _RETRIES = 5
 #: While the server is unreachable, one thread of a process tries to connect at most this often;
