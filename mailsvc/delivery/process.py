@@ -61,23 +61,33 @@ def deliver(make_service: Callable[[], Service]) -> None:
     log.info("delivery: stopped")
 
 
-def start_supervisor(make_service: Callable[[], Service], publish: Callable[[int], None]) -> int:
-    """Fork the supervisor (from a process with no other thread: gunicorn's master, when
-    ready); its pid. ``publish`` is called in it with each delivering process's pid."""
+def fork_child(work: Callable[[], None], what: str) -> int:
+    """Fork a child that does ``work`` and exits (0 when it returned; 1 when it raised, which
+    is logged as ``what`` failing); its pid, in the parent."""
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
-        name_this_process()
-        die_with_parent(signal.SIGTERM)
-        supervise(make_service, publish)
+        work()
         code = 0
     except BaseException:
-        log.exception("delivery: the supervisor failed")
+        log.exception("%s failed", what)
     finally:
         logging.shutdown()
         os._exit(code)
+
+
+def start_supervisor(make_service: Callable[[], Service], publish: Callable[[int], None]) -> int:
+    """Fork the supervisor (from a process with no other thread: gunicorn's master, when
+    ready); its pid. ``publish`` is called in it with each delivering process's pid."""
+
+    def run() -> None:
+        name_this_process()
+        die_with_parent(signal.SIGTERM)
+        supervise(make_service, publish)
+
+    return fork_child(run, "delivery: the supervisor")
 
 
 def supervise(make_service: Callable[[], Service], publish: Callable[[int], None]) -> None:
@@ -94,21 +104,15 @@ def supervise(make_service: Callable[[], Service], publish: Callable[[int], None
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+
+    def run() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with_parent(signal.SIGTERM)
+        deliver(make_service)
+
     while not stopping:
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                die_with_parent(signal.SIGTERM)
-                deliver(make_service)
-                code = 0
-            except BaseException:
-                log.exception("delivery: the process failed")
-            finally:
-                logging.shutdown()
-                os._exit(code)
+        child = fork_child(run, "delivery: the process")
         publish(child)
         _, status = _wait(child)
         if not stopping:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..app import MailService
-from ..delivery.process import deliver, die_with_parent, name_this_process
+from ..delivery.process import deliver, die_with_parent, fork_child, name_this_process
 from ..http.inputs import Pace
 from ..ops import metrics
 from ..settings import Settings
@@ -206,26 +206,19 @@ def serve(settings: Settings, listen: str | None = None) -> None:
     stopping = False
 
     def spawn(delivery: bool) -> None:
-        pid = os.fork()
-        if pid == 0:  # the child: a submission process on the shared socket, or delivery
-            code = 1
-            try:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                die_with_parent()
-                os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
-                if delivery:
-                    listening.close()
-                    name_this_process()
-                    deliver(lambda: MailService(settings))
-                else:
-                    SubmissionServer(settings, address, sock=listening, delivers=False).serve()
-                code = 0
-            except BaseException:
-                log.exception("SMTP submission process failed")
-            finally:
-                logging.shutdown()
-                os._exit(code)
+        def run() -> None:  # a submission process on the shared socket, or delivery
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            die_with_parent()
+            os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
+            if delivery:
+                listening.close()
+                name_this_process()
+                deliver(lambda: MailService(settings))
+            else:
+                SubmissionServer(settings, address, sock=listening, delivers=False).serve()
+
+        pid = fork_child(run, "SMTP submission process")
         children[pid] = delivery
 
     def stop(signum: int, frame: object) -> None:
