@@ -114,25 +114,20 @@ def supervise(make_service: Callable[[], Service], publish: Callable[[int], None
     while not stopping:
         child = fork_child(run, "delivery: the process")
         publish(child)
-        _, status = _wait(child)
+        try:
+            _, status = os.waitpid(child, 0)
+        except ChildProcessError:
+            status = 0
         if not stopping:
-            log.error(
-                "delivery: its process %d ended (%s); another is started",
-                child,
-                os.waitstatus_to_exitcode(status),
-            )
-            time.sleep(1.0)  # (not a storm of forks when every one fails at once)
+            replacing("delivery: its process", child, status)
     publish(0)
 
 
-def _wait(pid: int) -> tuple[int, int]:
-    while True:
-        try:
-            return os.waitpid(pid, 0)
-        except ChildProcessError:
-            return pid, 0
-        except InterruptedError:  # pragma: no cover (PEP 475 retries; kept for clarity)
-            continue
+def replacing(what: str, pid: int, status: int) -> None:
+    """Say that a child ended unasked and another takes its place, after a pause (not a
+    storm of forks when every one fails at once)."""
+    log.error("%s %d ended (%s); another is started", what, pid, os.waitstatus_to_exitcode(status))
+    time.sleep(1.0)
 
 
 def stop_supervisor(pid: int, timeout: float) -> None:

@@ -28,7 +28,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..app import MailService
-from ..delivery.process import deliver, die_with_parent, fork_child, name_this_process
+from ..delivery.process import (
+    deliver,
+    die_with_parent,
+    fork_child,
+    name_this_process,
+    replacing,
+)
 from ..http.inputs import Pace
 from ..ops import metrics
 from ..settings import Settings
@@ -247,12 +253,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             break
         delivery = children.pop(pid, False)
         if not stopping:
-            log.error(
-                "SMTP submission process %d ended (%s); another is started",
-                pid,
-                os.waitstatus_to_exitcode(status),
-            )
-            time.sleep(1.0)  # (not a storm of forks when every one fails at once)
+            replacing("SMTP submission process", pid, status)
             if not stopping:
                 spawn(delivery)
     _notify_systemd("STOPPING=1")
