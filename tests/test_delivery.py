@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mailbox
 import math
+import threading
 import time
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import create_app
+from mailsvc.delivery import pool as pool_module
 from mailsvc.delivery.pool import RUN_SECONDS
 from mailsvc.mail.message import build_message
 from mailsvc.store import LeaseLost
@@ -183,6 +185,50 @@ def test_new_email_wakes_delivery_at_once(config, clock, sink):
         app.stop(timeout=5)
 
 
+def test_mail_that_comes_one_at_a_time_is_claimed_once_each(config, clock, sink):
+    """Where every new email is announced, a thread that recorded its email does not look for
+    a next run that nothing announced: one claim an email (the claimer's), not two. An email
+    announced while every thread sends is claimed by the job that records what one sent."""
+    config.update(smtp_url=sink.url, poll_seconds=30, delivery_threads=2)
+    app = create_app(config, clock=clock)
+    assert app.store.announces_mail
+    tenant, client = make_tenant(app), Client(app)
+    looks: list[tuple[str, int]] = []  # (who claimed, how many it found)
+    claim = app.delivery.claim
+
+    def counted(tx, wanted):
+        found = claim(tx, wanted)
+        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
+        looks.append((who, len(found[0])))
+        return found
+
+    app.delivery.claim = counted
+    app.start()
+    try:
+        # (the start's looks over: the listener's first wait wakes the claimer too)
+        post(client, tenant, subject="first")
+        sink.wait_for(1, timeout=5)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 1, what="sent")
+        time.sleep(0.2)
+        del looks[:]
+        for number in range(1, 6):
+            post(client, tenant, subject=f"m{number}")
+            sink.wait_for(number + 1, timeout=5)
+            sent = number + 1
+            wait_until(lambda n=sent: count_by_status(app.store).get("sent") == n, what="sent")
+        assert looks == [("claimer", 1)] * 5, looks
+        del looks[:]
+        sink.behaviour.delay_seconds = 0.3  # the next messages take a while at the relay
+        for number in range(2):
+            post(client, tenant, subject=f"slow {number}")
+            wait_until(lambda n=number: looks == [("claimer", 1)] * (n + 1), what="claimed")
+        post(client, tenant, subject="while both threads send")
+        sink.wait_for(9, timeout=10)
+        assert looks[2] == ("sender", 1) and all(n == 0 for _, n in looks[3:]), looks
+    finally:
+        app.stop(timeout=5)
+
+
 def test_connection_is_reused_between_messages(config, clock, sink):
     config.update(smtp_url=sink.url, delivery_threads=1)
     app = create_app(config, clock=clock)
@@ -252,6 +298,31 @@ def test_a_refusal_ends_a_run_and_what_it_changed_holds_for_the_rest(config, clo
     assert shown[again]["recipients"][0]["status"] == "suppressed"
     assert shown[again]["recipients"][0]["smtpCode"] is None  # never asked of the relay again
     assert sorted(m.message["Subject"] for m in sink.messages) == ["first", "last"]
+
+
+def test_a_run_that_fails_after_its_record_gives_back_the_next_run_it_claimed(
+    config, clock, sink, monkeypatch, caplog
+):
+    """A thread whose run fails after the job that recorded it claimed the thread's next run
+    (here its log line) gives that run back: sent at once by whoever claims it, not held by
+    a thread that will never send it and renewed for ever."""
+    config["smtp_url"] = sink.url
+    queue_unsent(config, clock, 6)
+    config.update(delivery_threads=1, delivery_run=8, poll_seconds=30)
+    delivering = create_app(config, clock=clock)
+    report = pool_module._Attempt.report
+    failures: list[str] = []
+
+    def fails_once(attempt):
+        if not failures:
+            failures.append(attempt.email.id)
+            raise RuntimeError("the log could not be written")
+        report(attempt)
+
+    monkeypatch.setattr(pool_module._Attempt, "report", fails_once)
+    drain(delivering, sink, 6)
+    assert len({m.message_id for m in sink.messages}) == 6 and failures
+    assert "failed; the lease will expire" in caplog.text
 
 
 def test_a_slow_relays_runs_are_of_one_email(config, clock, sink):

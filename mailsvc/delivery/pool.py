@@ -127,6 +127,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         #: Outages this process has seen end, and those whose waiting emails it has made due.
         self._outages_ended = 0
         self._outages_done = 0
+        self.hears_all_news = store.announces_mail
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""

@@ -19,12 +19,13 @@ import logging
 import math
 import os
 import random
+import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -223,6 +224,9 @@ class PostgresStore:
         self._announce = threading.Event()
         #: Shutdowns so far: an announcer thread ends at the next one.
         self._shutdowns = 0
+        #: What this store's announcements carry, and the pid it was made in: its listener
+        #: passes over its own (the process woke its delivery directly), as SQLite's do.
+        self._signature: tuple[int, str] | None = None
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -470,7 +474,8 @@ class PostgresStore:
             if self._shutdowns != began:  # shut down: the next announcement starts a new loop
                 return
             try:  # (on another connection if the server had closed the first)
-                self._run(lambda c: c.execute(f"NOTIFY {CHANNEL}", prepare=False))
+                notify = f"NOTIFY {CHANNEL}, '{self._own_signature()}'"
+                self._run(partial(_notify, notify))
             except Exception:  # the others poll meanwhile; announced again when it can be
                 self._announce.set()
                 time.sleep(1.0)
@@ -478,11 +483,16 @@ class PostgresStore:
             # most, however busy the process (its own delivery is woken directly).
             time.sleep(ANNOUNCE_EVERY_SECONDS)
 
+    def _own_signature(self) -> str:
+        if self._signature is None or self._signature[0] != os.getpid():
+            self._signature = (os.getpid(), secrets.token_hex(8))
+        return self._signature[1]
+
     def wait_for_mail(self, timeout: float) -> bool:
-        """Wait for a ``NOTIFY`` of new mail from any host (one listening connection per
-        process, used by its one listener thread). A listener made anew (at the first call,
-        or after the server closed the last one) answers True at once: what was announced
-        while nobody listened is looked for now, not at the next poll."""
+        """Wait for a ``NOTIFY`` of new mail from any host but this store (one listening
+        connection per process, used by its one listener thread). A listener made anew (at
+        the first call, or after the server closed the last one) answers True at once: what
+        was announced while nobody listened is looked for now, not at the next poll."""
         try:
             if self._listener is None or self._listener.closed:
                 self._listener = psycopg.connect(
@@ -491,8 +501,10 @@ class PostgresStore:
                 self._listener_pid = os.getpid()
                 self._listener.execute(f"LISTEN {CHANNEL}")
                 return True
-            for _ in self._listener.notifies(timeout=timeout, stop_after=1):
-                return True
+            own = self._own_signature()
+            for notice in self._listener.notifies(timeout=timeout):
+                if notice.payload != own:
+                    return True
             return False
         except psycopg.Error:
             # The server went away (a restart, a terminated backend): listen again at once if
@@ -639,6 +651,10 @@ def migrate(connection: psycopg.Connection[Any]) -> list[int]:
     finally:
         connection.execute(lock.replace("pg_advisory_lock", "pg_advisory_unlock"))
     return applied
+
+
+def _notify(statement: str, connection: psycopg.Connection[Any]) -> None:
+    connection.execute(statement, prepare=False)
 
 
 def _first_line(exc: BaseException) -> str:
