@@ -22,8 +22,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -32,6 +32,7 @@ PROCESS_NAME = "mailsvc-deliver"
 #: Seconds in-flight deliveries have to finish when the process is stopped.
 GRACEFUL_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
+Role = TypeVar("Role")
 _PR_SET_NAME = 15
 
 
@@ -69,6 +70,8 @@ def fork_child(work: Callable[[], None], what: str) -> int:
         return pid
     code = 1
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the parent's handlers are not its own)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         work()
         code = 0
     except BaseException:
@@ -92,35 +95,58 @@ def start_supervisor(make_service: Callable[[], Service], publish: Callable[[int
 
 def supervise(make_service: Callable[[], Service], publish: Callable[[int], None]) -> None:
     """Keep one delivering process running until SIGTERM or SIGINT, then stop it."""
+
+    def run() -> None:
+        die_with_parent(signal.SIGTERM)
+        deliver(make_service)
+
+    keep_running(["delivery: its process"], lambda what: fork_child(run, what), started=publish)
+    publish(0)
+
+
+def keep_running(
+    roles: Sequence[Role],
+    spawn: Callable[[Role], int],
+    started: Callable[[int], None] = lambda pid: None,
+    ready: Callable[[], None] = lambda: None,
+) -> None:
+    """A child in each role (``spawn(role)`` forks it: its pid), and another in the same role
+    whenever one ends (said, after a pause: :func:`replacing`), until SIGTERM or SIGINT, which
+    is passed on to every child; returns once they have all ended. ``started`` is told each
+    child's pid, and ``ready`` called once every role has its first; a role is what its child
+    is called."""
+    children: dict[int, Role] = {}
     stopping = False
-    child = 0
 
     def stop(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
-        if child:
+        for pid in list(children):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGTERM)
+                os.kill(pid, signal.SIGTERM)
+
+    def start(role: Role) -> None:
+        pid = spawn(role)
+        children[pid] = role
+        started(pid)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-
-    def run() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        die_with_parent(signal.SIGTERM)
-        deliver(make_service)
-
-    while not stopping:
-        child = fork_child(run, "delivery: the process")
-        publish(child)
+    for role in roles:
+        start(role)
+    ready()
+    while children:
         try:
-            _, status = os.waitpid(child, 0)
+            pid, status = os.wait()
         except ChildProcessError:
-            status = 0
+            break
+        if pid not in children:
+            continue
+        role = children.pop(pid)
         if not stopping:
-            replacing("delivery: its process", child, status)
-    publish(0)
+            replacing(str(role), pid, status)
+            if not stopping:
+                start(role)
 
 
 def replacing(what: str, pid: int, status: int) -> None:

@@ -32,8 +32,8 @@ from ..delivery.process import (
     deliver,
     die_with_parent,
     fork_child,
+    keep_running,
     name_this_process,
-    replacing,
 )
 from ..http.inputs import Pace
 from ..ops import metrics
@@ -46,6 +46,9 @@ log = logging.getLogger("mailsvc.submission")
 
 #: Seconds the messages being taken have to finish when the process is stopped.
 GRACEFUL_SECONDS = 30.0
+#: The roles of the processes that ``MAILSVC_SUBMISSION_PROCESSES`` above one makes.
+_TAKING = "SMTP submission process"
+_DELIVERING = "SMTP submission: the delivering process"
 
 
 class SubmissionServer:
@@ -207,54 +210,29 @@ def serve(settings: Settings, listen: str | None = None) -> None:
         backlog=256,
         reuse_port=False,
     )
-    #: Each child's pid, and whether it is the one that delivers.
-    children: dict[int, bool] = {}
-    stopping = False
 
-    def spawn(delivery: bool) -> None:
+    def spawn(role: str) -> int:
         def run() -> None:  # a submission process on the shared socket, or delivery
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
             die_with_parent()
             os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
-            if delivery:
+            if role == _DELIVERING:
                 listening.close()
                 name_this_process()
                 deliver(lambda: MailService(settings))
             else:
                 SubmissionServer(settings, address, sock=listening, delivers=False).serve()
 
-        pid = fork_child(run, "SMTP submission process")
-        children[pid] = delivery
+        return fork_child(run, role)
 
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for pid in list(children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+    def ready() -> None:
+        log.info(
+            "SMTP submission: %d processes on %s and one that delivers, pid %d",
+            count,
+            address,
+            os.getpid(),
+        )
+        _notify_systemd("READY=1")
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    for _ in range(count):
-        spawn(delivery=False)
-    spawn(delivery=True)
-    log.info(
-        "SMTP submission: %d processes on %s and one that delivers, pid %d",
-        count,
-        address,
-        os.getpid(),
-    )
-    _notify_systemd("READY=1")
-    while children:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        delivery = children.pop(pid, False)
-        if not stopping:
-            replacing("SMTP submission process", pid, status)
-            if not stopping:
-                spawn(delivery)
+    keep_running([_TAKING] * count + [_DELIVERING], spawn, ready=ready)
     _notify_systemd("STOPPING=1")
     listening.close()
