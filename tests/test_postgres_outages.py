@@ -14,7 +14,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,14 +165,16 @@ def busy_backends(world: World) -> list[tuple]:
         ).fetchall()
 
 
-def host_logs(world: World) -> str:
-    """What the hosts logged besides their requests and deliveries: what a failure needs."""
+def host_logs(world: World, about: Sequence[str] = ()) -> str:
+    """What the hosts logged besides their requests and deliveries (but those of the emails
+    ``about``): what a failure needs."""
     return "\n".join(
         line
         for host in world.hosts
         for line in host.log().splitlines()
-        if "mailsvc.delivery: email" not in line and '"POST /v1/emails' not in line
-    )[-8000:]
+        if any(email_id in line for email_id in about)
+        or ("mailsvc.delivery: email" not in line and '"POST /v1/emails' not in line)
+    )[-12000:]
 
 
 def assert_nothing_lost_or_sent_twice(world: World, answers: list[Answer], sink: Any) -> None:
@@ -190,7 +192,9 @@ def assert_nothing_lost_or_sent_twice(world: World, answers: list[Answer], sink:
     assert len(set(emails) - accepted) <= 2 * LOAD_THREADS
     received = Counter(message.message_id for message in sink.messages)
     assert set(received) == {f"<{email_id}@{VERIFIED}>" for email_id in emails}
-    assert [m for m, count in received.items() if count > 1] == [], "an email sent twice"
+    twice = [m for m, count in received.items() if count > 1]
+    ids = [message_id.strip("<>").partition("@")[0] for message_id in twice]
+    assert twice == [], f"sent twice: {twice}\n{host_logs(world, ids)}"
     spent = 100_000 - world.store.reads.get_account(world.account_id).credits
     assert spent == len(emails), "credit spent twice, or for nothing"
 
