@@ -105,8 +105,8 @@ class LeasedPool(Generic[Item]):
         #: Every new piece, this process's or another's, is announced to this pool
         #: (:meth:`wake`): then a worker's outcome need not look for its next run while nothing
         #: was announced since a claim found fewer pieces than it wanted and nothing has fallen
-        #: due since (a look that finds nothing costs a delivery a tenth of its CPU when mail
-        #: comes one at a time). The claimer claims whatever is announced, as always.
+        #: due since (mail that comes one at a time is claimed once an email, not twice). The
+        #: claimer claims whatever is announced, as always.
         self.hears_all_news = False
         #: Wakes so far; after a claim that found fewer pieces than it wanted, the wakes before
         #: it began and when its next piece falls due (:attr:`clock`; None: nothing waits).
