@@ -166,15 +166,18 @@ def busy_backends(world: World) -> list[tuple]:
 
 
 def host_logs(world: World, about: Sequence[str] = ()) -> str:
-    """What the hosts logged besides their requests and deliveries (but those of the emails
-    ``about``): what a failure needs."""
-    return "\n".join(
+    """What the hosts logged about the emails ``about``, then the rest of what they logged
+    besides their requests and deliveries: what a failure needs."""
+    lines = [line for host in world.hosts for line in host.log().splitlines()]
+    mentioned = [line for line in lines if any(email_id in line for email_id in about)]
+    others = [
         line
-        for host in world.hosts
-        for line in host.log().splitlines()
-        if any(email_id in line for email_id in about)
-        or ("mailsvc.delivery: email" not in line and '"POST /v1/emails' not in line)
-    )[-12000:]
+        for line in lines
+        if "mailsvc.delivery: email" not in line
+        and "mailsvc.access: POST /v1/emails" not in line
+        and '"POST /v1/emails' not in line
+    ]
+    return "\n".join(mentioned)[-6000:] + "\n--\n" + "\n".join(others)[-8000:]
 
 
 def assert_nothing_lost_or_sent_twice(world: World, answers: list[Answer], sink: Any) -> None:
