@@ -31,26 +31,32 @@ from ..servers import Gunicorn, cpu_seconds
 from .backends import server_cpu_seconds
 from .parts import ROOT, Sink, postgres_database
 
-#: Run in a checkout (its own ``mailsvc`` and ``tests``): fills the store it is given.
-_FILL = """
+#: The bench's email queued, as a script of any version's own code (it runs in the checkout
+#: measured, which may have no helper of this one's): ``queue(tx, account_id, now)``.
+QUEUE_ONE = """
 import sys, time
 from mailsvc.ids import new_ordered_id
 from mailsvc.store import NewEmail, NewRecipient, open_store
 from tests.bench.parts import DOMAIN, HTML, prepare
+def queue(tx, account_id, now):
+    email_id = new_ordered_id("em", now)
+    tx.enqueue_email(NewEmail(
+        id=email_id, account_id=account_id, sender_name="Bench",
+        sender_address=f"receipts@{DOMAIN}", recipients=(NewRecipient("user0@example.org"),),
+        subject="Your receipt", html=HTML, text="Your receipt.",
+        message_id=f"<{email_id}@{DOMAIN}>", created_at=now))
+"""
+#: Run in a checkout (its own ``mailsvc`` and ``tests``): fills the store it is given.
+_FILL = (
+    QUEUE_ONE
+    + """
 database, count = sys.argv[1], int(sys.argv[2])
 account_id, _ = prepare(database)
 store, now = open_store(database), time.time()
-def fill(tx):
-    for _ in range(count):
-        email_id = new_ordered_id("em", now)
-        tx.enqueue_email(NewEmail(
-            id=email_id, account_id=account_id, sender_name="Bench",
-            sender_address=f"receipts@{DOMAIN}", recipients=(NewRecipient("user0@example.org"),),
-            subject="Your receipt", html=HTML, text="Your receipt.",
-            message_id=f"<{email_id}@{DOMAIN}>", created_at=now))
-store.write(fill)
+store.write(lambda tx: [queue(tx, account_id, now) for _ in range(count)])
 store.shutdown()
 """
+)
 
 
 def drain(

@@ -30,41 +30,33 @@ from pathlib import Path
 
 from ..servers import Gunicorn, cpu_seconds
 from .backends import server_cpu_seconds
-from .drain import _database
+from .drain import QUEUE_ONE, _database
 from .parts import ROOT, Sink
 
 #: Run in a checkout (its own ``mailsvc`` and ``tests``): prepares the store, or queues emails
 #: into it, one at a time at a rate (``trickle``) or all at once (``burst``), each announced.
-_FEED = """
-import sys, time
-from mailsvc.ids import new_ordered_id
-from mailsvc.store import NewEmail, NewRecipient, open_store
-from tests.bench.parts import DOMAIN, HTML, prepare
+_FEED = (
+    QUEUE_ONE
+    + """
 command, database = sys.argv[1], sys.argv[2]
 if command == "prepare":
     print(prepare(database)[0])
     sys.exit(0)
 account_id, count, rate = sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
 store = open_store(database)
-def queue(tx, now):
-    email_id = new_ordered_id("em", now)
-    tx.enqueue_email(NewEmail(
-        id=email_id, account_id=account_id, sender_name="Bench",
-        sender_address=f"receipts@{DOMAIN}", recipients=(NewRecipient("user0@example.org"),),
-        subject="Your receipt", html=HTML, text="Your receipt.",
-        message_id=f"<{email_id}@{DOMAIN}>", created_at=now))
 if command == "burst":
-    store.write(lambda tx: [queue(tx, time.time()) for _ in range(count)])
+    store.write(lambda tx: [queue(tx, account_id, time.time()) for _ in range(count)])
     store.announce_mail()
 else:
     started = time.monotonic()
     for number in range(count):
         time.sleep(max(0.0, started + number / rate - time.monotonic()))
-        store.write(lambda tx: queue(tx, time.time()))
+        store.write(lambda tx: queue(tx, account_id, time.time()))
         store.announce_mail()
 time.sleep(0.2)  # (PostgreSQL's announcer thread sends the last NOTIFY)
 store.shutdown()
 """
+)
 
 
 def feed(checkout: Path, database: str, sink: Sink, args: argparse.Namespace) -> list[float]:
