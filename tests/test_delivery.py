@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import mailbox
 import math
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
+from email import message_from_bytes
 
 import pytest
 from werkzeug.test import Client
@@ -15,7 +18,7 @@ from mailsvc import create_app
 from mailsvc.delivery import pool as pool_module
 from mailsvc.delivery.pool import RUN_SECONDS
 from mailsvc.mail.message import build_message
-from mailsvc.store import LeaseLost
+from mailsvc.store import LeaseLost, StoreOutage
 
 from .conftest import VERIFIED, count_by_status, email_body, make_tenant, wait_until
 
@@ -379,6 +382,126 @@ def test_a_run_whose_lease_on_one_email_was_lost_records_the_others(config, cloc
     taken = client.get(f"/v1/emails/{ids[2]}", headers=tenant.headers).get_json()
     assert taken["status"] == "sending" and taken["recipients"][0]["status"] == "queued"
     assert f"email {ids[2]}: lease lost during delivery" in caplog.text
+
+
+class CutRun:
+    """Five emails for three threads, which each take one first: m1's thread stays busy, the
+    run [m3, m4] that another thread's outcome claims is cut by a 451 for m3, and m4, given
+    back, waits at the relay once the third thread has taken it (until ``goes["m4"]``)."""
+
+    def __init__(self, config, clock, sink):
+        config["smtp_url"] = sink.url
+        queue_unsent(config, clock, 5)
+        config.update(delivery_threads=3, delivery_run=8, poll_seconds=30)
+        self.app = create_app(config, clock=clock)
+        self.sink = sink
+        self.arrived = {f"m{n}": threading.Event() for n in range(5)}
+        self.goes = {f"m{n}": threading.Event() for n in range(5)}
+        self._first_three = threading.Event()
+        sink.behaviour.data_reply = self._answer
+
+    def _answer(self, data: bytes):
+        subject = message_from_bytes(data)["Subject"]
+        once = not self.arrived[subject].is_set()
+        self.arrived[subject].set()
+        if all(self.arrived[f"m{n}"].is_set() for n in range(3)):
+            self._first_three.set()
+        if subject in ("m0", "m2"):  # each thread has its first email before any goes on
+            self._first_three.wait(10)
+        elif subject == "m1":  # one thread stays busy
+            self.goes["m1"].wait(30)
+        elif subject == "m3" and once:  # the run [m3, m4] is cut: m4 given back...
+            return (451, "4.3.0 try again later")
+        elif subject == "m4" and once:  # ...and taken by the idle thread, which waits here
+            self.goes["m4"].wait(30)
+        return None
+
+    def finish(self):
+        """Let the relay answer, wait for every outcome, stop; what the relay got, by subject."""
+        try:
+            self.goes["m4"].set()
+            self.goes["m1"].set()
+            wait_until(lambda: count_by_status(self.app.store) == {"sent": 4, "deferred": 1},
+                       what="every outcome recorded")  # fmt: skip
+        finally:
+            self.goes["m4"].set()
+            self.goes["m1"].set()
+            self.app.stop(timeout=5)
+        return Counter(message_from_bytes(m.data)["Subject"] for m in self.sink.messages)
+
+
+def test_mail_a_cut_run_gave_back_stays_held_by_the_thread_that_took_it(
+    config, clock, sink, monkeypatch
+):
+    """A run cut short gives back what it did not send, and another thread of the process (the
+    same lease owner) may take it before the run has let go of it. It stays held: the leases
+    in doubt that the process gives back once a store outage ends are never that thread's
+    (before, its outcome was refused as a lost lease, and the email sent twice)."""
+    cut = CutRun(config, clock, sink)
+    pool, store = cut.app.delivery, cut.app.store
+    report = pool_module._Attempt.report
+
+    def slow_to_report(attempt):  # the cut run's thread lets go of its run after m4 is taken
+        if attempt.email.subject == "m3":
+            cut.arrived["m4"].wait(10)
+        report(attempt)
+
+    monkeypatch.setattr(pool_module._Attempt, "report", slow_to_report)
+    given_back = threading.Event()
+    give_back_unknown = pool.give_back_unknown
+
+    def giving_back(tx, held):
+        given = give_back_unknown(tx, held)
+        given_back.set()
+        return given
+
+    pool.give_back_unknown = giving_back
+    write, out = store.write, []
+
+    def write_or_outage(job, durable=True):
+        if out:
+            out.pop()
+            raise StoreOutage("unreachable", "the test's outage")
+        return write(job, durable)
+
+    store.write = write_or_outage
+    cut.app.start()
+    assert cut.arrived["m4"].wait(10), "m4 was not sent"
+    # The cut run's thread has let go of its run; then a claim meets an outage, the next ends
+    # it, and the claimer gives back the leases of the process that nobody here holds.
+    wait_until(lambda: pool._idle == 1, what="the cut run's thread idle")
+    out.append(True)
+    pool.wake()
+    wait_until(lambda: not out, what="a claim that met the outage")
+    pool.wake()
+    assert given_back.wait(10), "the leases in doubt were not given back"
+    assert cut.finish() == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
+
+
+def test_a_record_whose_commit_was_in_doubt_gives_back_nothing_again(config, clock, sink):
+    """The job that records a cut run commits, but its answer is lost (the connection went
+    with it: an outage), and m4, which it gave back, is taken by another thread meanwhile.
+    Done again, the job is refused (its leases are gone): the run does not give m4 back a
+    second time, from under the thread that holds it now (before: the email sent twice)."""
+    cut = CutRun(config, clock, sink)
+    pool, store = cut.app.delivery, cut.app.store
+    write, in_doubt = store.write, []
+
+    def answer_lost(job, durable=True):
+        result = write(job, durable)
+        closure = inspect.getclosurevars(job) if inspect.isfunction(job) else None
+        attempts = closure.nonlocals.get("attempts", []) if closure else []
+        if not in_doubt and any(attempt.email.subject == "m3" for attempt in attempts):
+            in_doubt.append(job)
+            pool.wake()  # new mail: the idle thread takes m4
+            assert cut.arrived["m4"].wait(10)
+            raise StoreOutage("unreachable", "the test's lost COMMIT")
+        return result
+
+    store.write = answer_lost
+    cut.app.start()
+    wait_until(lambda: in_doubt and pool._idle == 1, what="the cut run recorded, again")
+    assert cut.finish() == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
 
 
 def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):

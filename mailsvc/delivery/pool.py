@@ -231,9 +231,14 @@ class DeliveryPool(LeasedPool[Claimed]):
                 _lease_lost(attempts[0])
                 return []
             # One of the run's leases was lost (the job says which only on SQLite): each
-            # outcome is recorded on its own, and the unsent given back.
+            # outcome is recorded on its own, and the unsent given back, but only if one of
+            # the outcomes could be: if none, the job itself may have committed, its answer
+            # lost with its connection, and given them back already. Another thread of this
+            # process (the same owner) may hold them now, and giving them back again would
+            # take its leases from under it (the mail sent twice). Left alone, they are
+            # given back after the outage (or run out) if nobody here holds them.
             following, attempts = [], [a for a in attempts if self._record_alone(a)]
-            if unsent:
+            if unsent and attempts:
                 self.record(lambda tx: self.give_back(tx, unsent))
         if unsent:
             LeasedPool.wake(self)  # they are due again now: claimed with what is known now

@@ -22,7 +22,8 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -74,7 +75,11 @@ class LeasedPool(Generic[Item]):
         #: No claim before this (monotonic) time: what :meth:`admits` said when it held back.
         self._held_back_until = 0.0
         self._idle = 0
-        self._held: set[int] = set()  # the pieces this process holds leases on
+        #: The pieces this process holds leases on, each counted once for every run or batch
+        #: that holds it. A piece a run gave back may be claimed again, for another thread of
+        #: this process (same owner), before the run has let go of it: the count keeps it held
+        #: (renewed, never given back as unknown) until that thread lets go too.
+        self._held: Counter[int] = Counter()
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
         self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
@@ -135,7 +140,8 @@ class LeasedPool(Generic[Item]):
         """Do a run of pieces (one, as the claimer hands them, or those the job that recorded
         the worker's last run claimed) and record their outcomes; give back those of the run it
         did not start. ``state`` is the worker's own. Returns the worker's next run, claimed by
-        the job that recorded this one (see :meth:`claim_next`), or none."""
+        the job that recorded this one (see :meth:`claim_next`; held as :meth:`record` with
+        ``claims`` returned it), or none."""
         raise NotImplementedError
 
     def claim_next(self, tx: Writes, count: int = 1) -> list[Item]:
@@ -195,7 +201,7 @@ class LeasedPool(Generic[Item]):
         self._handoff = queue.SimpleQueue()
         self._idle = 0
         self._held_back_until = 0.0
-        self._held = set()
+        self._held = Counter()
         self._stopped = threading.Event()
         claimer = threading.Thread(
             target=self._claim_loop, name=f"mailsvc-{self.name}-claimer", daemon=True
@@ -284,8 +290,7 @@ class LeasedPool(Generic[Item]):
                 with getattr(self._this_worker, "lock", _NOT_A_WORKER):
                     result = self.store.write(job)
                     if claims and result:
-                        with self._held_lock:
-                            self._held.update(self.key(item) for item in result)  # type: ignore[attr-defined]
+                        self._hold(result)  # type: ignore[arg-type]
                         self._this_worker.next_run = result
             except StoreOutage:
                 self._store_out()
@@ -388,8 +393,7 @@ class LeasedPool(Generic[Item]):
             if batch and not self._running:
                 self._give_back(batch)
                 return
-            with self._held_lock:
-                self._held.update(self.key(item) for item in batch)
+            self._hold(batch)
             with self._wakeup:
                 self._idle -= len(batch)
                 if len(batch) == wanted:
@@ -460,9 +464,7 @@ class LeasedPool(Generic[Item]):
                 )
             self._forsake(self._this_worker.next_run)
         finally:
-            with self._held_lock:
-                self._held.difference_update(keys)
-                self._held.update(self.key(item) for item in following)
+            self._let_go(keys)  # (what ``following`` holds, the job's claim took: see record)
         return following
 
     def _forsake(self, claimed: list[Item]) -> None:
@@ -471,14 +473,25 @@ class LeasedPool(Generic[Item]):
         expire), not held by a thread that will never do them."""
         if not claimed:
             return
-        with self._held_lock:
-            self._held.difference_update(self.key(item) for item in claimed)
+        self._let_go(self.key(item) for item in claimed)
         try:
             self._give_back(claimed)
         except Exception:
             log.exception("%s: giving back a failed run's next run failed", self.name)
         else:
             LeasedPool.wake(self)
+
+    def _hold(self, items: Iterable[Item]) -> None:
+        with self._held_lock:
+            self._held.update(self.key(item) for item in items)
+
+    def _let_go(self, keys: Iterable[int]) -> None:
+        with self._held_lock:
+            for key in keys:
+                if self._held[key] > 1:
+                    self._held[key] -= 1
+                else:
+                    del self._held[key]
 
     def _keep_leases_loop(self, stopped: threading.Event) -> None:
         """Every third of a lease, extend the leases this process holds by a whole lease."""
