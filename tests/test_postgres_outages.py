@@ -420,7 +420,9 @@ def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(
                 silenced = time.monotonic()
                 time.sleep(3)
                 assert_alive_but_not_ready(world.hosts)
-                time.sleep(max(0.0, silenced + 9 - time.monotonic()))  # (a loaded machine)
+                # Long enough that each load thread answers more than twice in it even when
+                # its requests take the longest (a pool's wait, then a connect that times out).
+                time.sleep(max(0.0, silenced + 12 - time.monotonic()))  # (a loaded machine)
             healed = time.monotonic()
             wait_until(lambda: all(h.request("GET", "/readyz")[0] == 200 for h in world.hosts),
                        timeout=15, what="ready again")  # fmt: skip
