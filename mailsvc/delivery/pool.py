@@ -383,7 +383,11 @@ class _Attempt:
 
 
 def _lease_lost(attempt: _Attempt) -> None:
-    log.warning("email %s: lease lost during delivery; outcome not recorded", attempt.email.id)
+    log.warning(
+        "email %s: lease lost during delivery; outcome not recorded (or recorded already, by a "
+        "commit whose answer a store outage cut off)",
+        attempt.email.id,
+    )
 
 
 def _answered(recipient: Recipient, reply: Reply) -> Recipient:
