@@ -418,14 +418,12 @@ class CutRun:
 
     def finish(self):
         """Let the relay answer, wait for every outcome, stop; what the relay got, by subject."""
+        self.goes["m4"].set()
+        self.goes["m1"].set()
         try:
-            self.goes["m4"].set()
-            self.goes["m1"].set()
             wait_until(lambda: count_by_status(self.app.store) == {"sent": 4, "deferred": 1},
                        what="every outcome recorded")  # fmt: skip
         finally:
-            self.goes["m4"].set()
-            self.goes["m1"].set()
             self.app.stop(timeout=5)
         return Counter(message_from_bytes(m.data)["Subject"] for m in self.sink.messages)
 
@@ -466,16 +464,19 @@ def test_mail_a_cut_run_gave_back_stays_held_by_the_thread_that_took_it(
 
     store.write = write_or_outage
     cut.app.start()
-    assert cut.arrived["m4"].wait(10), "m4 was not sent"
-    # The cut run's thread has let go of its run; then a claim meets an outage, the next ends
-    # it, and the claimer gives back the leases of the process that nobody here holds.
-    wait_until(lambda: pool._idle == 1, what="the cut run's thread idle")
-    out.append(True)
-    pool.wake()
-    wait_until(lambda: not out, what="a claim that met the outage")
-    pool.wake()
-    assert given_back.wait(10), "the leases in doubt were not given back"
-    assert cut.finish() == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
+    try:
+        assert cut.arrived["m4"].wait(10), "m4 was not sent"
+        # The cut run's thread has let go of its run; then a claim meets an outage, the next
+        # ends it, and the claimer gives back the leases of the process that nobody here holds.
+        wait_until(lambda: pool._idle == 1, what="the cut run's thread idle")
+        out.append(True)
+        pool.wake()
+        wait_until(lambda: not out, what="a claim that met the outage")
+        pool.wake()
+        assert given_back.wait(10), "the leases in doubt were not given back"
+    finally:
+        received = cut.finish()
+    assert received == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
 
 
 def test_a_record_whose_commit_was_in_doubt_gives_back_nothing_again(config, clock, sink):
@@ -500,8 +501,11 @@ def test_a_record_whose_commit_was_in_doubt_gives_back_nothing_again(config, clo
 
     store.write = answer_lost
     cut.app.start()
-    wait_until(lambda: in_doubt and pool._idle == 1, what="the cut run recorded, again")
-    assert cut.finish() == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
+    try:
+        wait_until(lambda: in_doubt and pool._idle == 1, what="the cut run recorded, again")
+    finally:
+        received = cut.finish()
+    assert received == {"m0": 1, "m1": 1, "m2": 1, "m4": 1}
 
 
 def test_mail_queued_by_another_process_is_picked_up(config, clock, sink):
