@@ -30,7 +30,7 @@ import gunicorn.util  # noqa: E402
 
 from mailsvc.delivery import process as delivery_process  # noqa: E402
 from mailsvc.errors import raw_error_response  # noqa: E402
-from mailsvc.ops import logs, metrics  # noqa: E402
+from mailsvc.ops import cores, logs, metrics  # noqa: E402
 from mailsvc.ops.startup import check_or_exit, fail, warn  # noqa: E402
 from mailsvc.settings import SettingsError, load_settings, unknown_variables  # noqa: E402
 
@@ -83,13 +83,24 @@ def on_starting(server):
 _M_ARENA_MAX = -8
 
 
+#: The cores the workers may be pinned to: the master's own (MAILSVC_PIN_CORES; see
+#: mailsvc/ops/cores.py). The process that delivers is forked by the master too, and keeps them all.
+_CORES = cores.usable() if _settings.pin_cores else []
+
+
 def pre_fork(server, worker):
     # What the master has loaded lives as long as it does: out of the garbage collector's sight,
     # so that a worker's collections do not write to the pages it shares (and copy them).
     gc.freeze()
+    # Each worker on the core fewest of the running ones are on (a worker that died leaves its
+    # core to the one that replaces it), in turn from an offset of the master's own, so that
+    # several servers on one machine do not all begin on the first core.
+    taken = [getattr(other, "mailsvc_core", None) for other in server.WORKERS.values()]
+    worker.mailsvc_core = cores.next_core(_CORES, taken, start=os.getpid())
 
 
 def post_fork(server, worker):
+    cores.pin(worker.mailsvc_core)  # (before the worker starts a thread: every one of them)
     # glibc gives each thread that meets contention a malloc arena of its own (up to 8 per
     # core), each keeping freed memory; a worker's threads share two, unless the operator set
     # MALLOC_ARENA_MAX. Set before the worker starts its threads.

@@ -196,6 +196,15 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "pin_cores",
+        "true",
+        "Run each gunicorn worker, and each `mailsvc submission` process that takes messages "
+        "(with MAILSVC_SUBMISSION_PROCESSES above one), on one CPU core of those the server may "
+        "use, in turn; the process that delivers runs on any. A process's threads then never "
+        "move between cores (see Performance). `false`: the kernel places every thread.",
+        _boolean,
+    ),
+    Setting(
         "database",
         "./var/mailsvc.sqlite3",
         "The store and the queue: an SQLite file, or `postgresql://user:password@host:5432/db` "

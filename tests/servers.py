@@ -318,6 +318,15 @@ def cpu_seconds(pids: Iterable[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def cores_of(pid: int) -> set[int]:
+    """The cores every thread of a process may run on, together (each thread's own: a thread
+    started before its process was pinned would keep its own set)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= os.sched_getaffinity(int(task.name))
+    return found
+
+
 def _alive(pid: int) -> bool:
     """Whether a process is still running (a zombie has closed its files already)."""
     try:

@@ -13,7 +13,7 @@ import pytest
 from mailsvc import operator
 
 from .conftest import VERIFIED, email_body, wait_until
-from .servers import Gunicorn
+from .servers import Gunicorn, cores_of
 
 pytestmark = pytest.mark.slow
 
@@ -176,3 +176,38 @@ def test_with_delivery_process_off_each_worker_delivers(served_tenant, sink):
         assert server.request("GET", "/readyz")[1]["delivery"] == "running"
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to pin")
+def test_each_worker_runs_on_a_core_of_its_own_and_delivery_on_any(served_tenant, sink):
+    """MAILSVC_PIN_CORES (on by default): each worker, every thread of it, on one core, the two
+    on different ones; the process that delivers on every core the server was given; a worker
+    killed is replaced on the core it left. Off: every worker on every core."""
+    path, _, _, headers = served_tenant
+    usable = os.sched_getaffinity(0)
+    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=2).start()
+    try:
+        results = server.many([("POST", "/v1/emails", email_body(), headers)] * 20)
+        assert [status for status, _ in results] == [200] * 20  # (every request thread started)
+        workers = server.worker_pids()
+        pinned = {pid: cores_of(pid) for pid in workers}
+        assert all(len(cores) == 1 for cores in pinned.values()), pinned
+        assert len(set.union(*pinned.values())) == 2 and set.union(*pinned.values()) <= usable
+        assert cores_of(server.delivery_pids()[1]) == usable
+        killed = workers[0]
+        os.kill(killed, signal.SIGKILL)
+        wait_until(lambda: len(set(server.worker_pids()) - set(workers)) == 1, 30, "replaced")
+        [replacement] = set(server.worker_pids()) - set(workers)
+        assert cores_of(replacement) == pinned[killed]
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log
+
+    unpinned = Gunicorn(
+        {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, "MAILSVC_PIN_CORES": "false"},
+        workers=2,
+    ).start()
+    try:
+        assert [cores_of(pid) for pid in unpinned.worker_pids()] == [usable, usable]
+    finally:
+        unpinned.stop()

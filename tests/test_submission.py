@@ -33,7 +33,7 @@ from mailsvc.app import MailService
 from mailsvc.store import Store
 
 from .conftest import VERIFIED, Tenant, email_body, make_tenant, run_cli, wait_until
-from .servers import Gunicorn, Submission
+from .servers import Gunicorn, Submission, cores_of
 from .smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.slow
@@ -972,6 +972,11 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
     wait_until(lambda: all_started(server), 30, "all three started")
     children, [deliverer] = takers_and_deliverers(server)
     assert len(children) == 2 and server.process.pid not in children | {deliverer}
+    usable = os.sched_getaffinity(0)
+    if len(usable) > 1:  # (MAILSVC_PIN_CORES: each on a core of its own, delivery on any)
+        cores = {pid: cores_of(pid) for pid in children}
+        assert [len(found) for found in cores.values()] == [1, 1]
+        assert cores[min(children)] != cores[max(children)] and cores_of(deliverer) == usable
     sessions = [logged_in(deployment, tenant, server) for _ in range(8)]
     ids = [
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
@@ -984,6 +989,9 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
     first = min(children)  # a child killed: the parent starts another in its place
     os.kill(first, signal.SIGKILL)
     wait_until(lambda: server.log().count("SMTP submission listening") == 3, 30, "replaced")
+    if len(usable) > 1:  # (on the core the killed one left)
+        [replacement] = takers_and_deliverers(server)[0] - children
+        assert cores_of(replacement) == cores[first]
     log = server.stop()  # SIGTERM: every process stops, gracefully
     assert server.process.returncode == 0
     assert log.count("SMTP submission stopped") == 2

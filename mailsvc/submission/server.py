@@ -26,6 +26,7 @@ import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from ..app import MailService
 from ..delivery.process import (
@@ -36,7 +37,7 @@ from ..delivery.process import (
     name_this_process,
 )
 from ..http.inputs import Pace
-from ..ops import metrics
+from ..ops import cores, metrics
 from ..settings import Settings
 from .session import Connections, SubmissionSession
 from .tls import tls_context
@@ -49,6 +50,16 @@ GRACEFUL_SECONDS = 30.0
 #: The roles of the processes that ``MAILSVC_SUBMISSION_PROCESSES`` above one makes.
 _TAKING = "SMTP submission process"
 _DELIVERING = "SMTP submission: the delivering process"
+
+
+@dataclass(frozen=True)
+class _Taking:
+    """The role of a process that takes messages, and the core it runs on (None: any)."""
+
+    core: int | None
+
+    def __str__(self) -> str:
+        return _TAKING
 
 
 class SubmissionServer:
@@ -211,18 +222,19 @@ def serve(settings: Settings, listen: str | None = None) -> None:
         reuse_port=False,
     )
 
-    def spawn(role: str) -> int:
+    def spawn(role: _Taking | str) -> int:
         def run() -> None:  # a submission process on the shared socket, or delivery
             die_with_parent()
             os.environ.pop("NOTIFY_SOCKET", None)  # (systemd hears the parent only)
-            if role == _DELIVERING:
+            if isinstance(role, _Taking):
+                cores.pin(role.core)
+                SubmissionServer(settings, address, sock=listening, delivers=False).serve()
+            else:
                 listening.close()
                 name_this_process()
                 deliver(lambda: MailService(settings))
-            else:
-                SubmissionServer(settings, address, sock=listening, delivers=False).serve()
 
-        return fork_child(run, role)
+        return fork_child(run, str(role))
 
     def ready() -> None:
         log.info(
@@ -233,6 +245,14 @@ def serve(settings: Settings, listen: str | None = None) -> None:
         )
         _notify_systemd("READY=1")
 
-    keep_running([_TAKING] * count + [_DELIVERING], spawn, ready=ready)
+    # Each taking process on a core of its own, in turn (the one that replaces it on the same);
+    # the delivering process on any (MAILSVC_PIN_CORES; see mailsvc/ops/cores.py).
+    usable = cores.usable() if settings.pin_cores else []
+    taking: list[_Taking] = []
+    for _ in range(count):
+        core = cores.next_core(usable, [other.core for other in taking], start=os.getpid())
+        taking.append(_Taking(core))
+    roles: list[_Taking | str] = [*taking, _DELIVERING]
+    keep_running(roles, spawn, ready=ready)
     _notify_systemd("STOPPING=1")
     listening.close()
