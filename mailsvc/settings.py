@@ -200,8 +200,9 @@ SETTINGS: tuple[Setting, ...] = (
         "true",
         "Run each gunicorn worker, and each `mailsvc submission` process that takes messages "
         "(with MAILSVC_SUBMISSION_PROCESSES above one), on one CPU core of those the server may "
-        "use, in turn; the process that delivers runs on any. A process's threads then never "
-        "move between cores (see Performance). `false`: the kernel places every thread.",
+        "use, in turn (one hyperthread of each physical core first); the process that delivers "
+        "runs on any. A process's threads then never move between cores (see Performance). "
+        "`false`: the kernel places every thread.",
         _boolean,
     ),
     Setting(

@@ -16,16 +16,47 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 
 def usable() -> list[int]:
     """The cores this process may run on (its affinity, as ``taskset`` or a cgroup's cpuset set
-    it), in order; empty where the system cannot say."""
+    it), in the order of :func:`spread`; empty where the system cannot say."""
     try:
-        return sorted(os.sched_getaffinity(0))
+        cpus = os.sched_getaffinity(0)
     except (AttributeError, OSError):  # (not Linux)
         return []
+    return spread(cpus, {cpu: _sibling_rank(cpu) for cpu in cpus})
+
+
+def spread(cpus: Iterable[int], rank: Mapping[int, int]) -> list[int]:
+    """The logical CPUs in the order processes are pinned to them: one of each physical core
+    first (two hyperthreads of a core share its caches and its units), then their siblings. A
+    CPU's ``rank`` is its place among its core's hyperthreads (0: the first)."""
+    return sorted(cpus, key=lambda cpu: (rank.get(cpu, 0), cpu))
+
+
+def _sibling_rank(cpu: int) -> int:
+    """The CPU's place among the hyperthreads of its physical core, as the kernel lists them
+    (0 where it does not say)."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text()
+    except OSError:
+        return 0
+    siblings = sorted(cpu_list(text))
+    return siblings.index(cpu) if cpu in siblings else 0
+
+
+def cpu_list(text: str) -> set[int]:
+    """The CPUs of a list as the kernel writes one (``0-3,8,10-11``); what cannot be read of it,
+    none."""
+    found: set[int] = set()
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            found.update(range(int(first), int(last or first) + 1))
+    return found
 
 
 def next_core(cores: Sequence[int], taken: Iterable[int | None], start: int = 0) -> int | None:
