@@ -137,7 +137,9 @@ def _relaxed_header(name: bytes, value: bytes) -> bytes:
 
 
 def _relaxed_body(body: bytes) -> bytes:
-    body = _WSP.sub(b" ", body).replace(b" \r\n", b"\r\n").rstrip(b"\r\n").rstrip(b" ")
+    if b"\t" in body or b"  " in body:  # (else no run of white space to make one space)
+        body = _WSP.sub(b" ", body)
+    body = body.replace(b" \r\n", b"\r\n").rstrip(b"\r\n").rstrip(b" ")
     return body + b"\r\n" if body else b""
 
 
