@@ -4,11 +4,12 @@ A gunicorn worker, and a process of ``mailsvc submission`` that takes messages, 
 one thread at a time (the interpreter lock), and its threads take turns all the time: a request
 thread waits for the store's commit, the writer wakes it, the event loop hands a message to a
 thread and is woken by it. Left to the kernel, each of those wake-ups may land on another core:
-the woken thread starts with cold caches, and the wake-up itself costs an interrupt between
-cores (on a virtual machine, a trip through the hypervisor). Pinned to one core each, taken in
-turn from the cores the server may use, a process keeps its threads together, and loses nothing
-it could have run at once. The process that delivers, and everything else on the machine, is
-left to the kernel, which moves it to whichever core is free.
+the woken thread starts with cold caches, and a wake-up across cores costs more (on a virtual
+machine, it goes through the hypervisor). Pinned to one core each, taken in turn from the cores
+the server may use (one hyperthread of each physical core first), a process keeps its threads
+together, and loses little it could have run at once. The process that delivers, and
+everything else on the machine, is left to the kernel, which moves it to whichever core is
+free. docs/performance.md has the measurements.
 """
 
 from __future__ import annotations
