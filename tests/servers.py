@@ -323,7 +323,10 @@ def cores_of(pid: int) -> set[int]:
     started before its process was pinned would keep its own set)."""
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= os.sched_getaffinity(int(task.name))
+        try:
+            found |= os.sched_getaffinity(int(task.name))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            continue
     return found
 
 
