@@ -487,11 +487,7 @@ class LeasedPool(Generic[Item]):
 
     def _let_go(self, keys: Iterable[int]) -> None:
         with self._held_lock:
-            for key in keys:
-                if self._held[key] > 1:
-                    self._held[key] -= 1
-                else:
-                    del self._held[key]
+            self._held -= Counter(keys)  # (a count that reaches 0 is dropped)
 
     def _keep_leases_loop(self, stopped: threading.Event) -> None:
         """Every third of a lease, extend the leases this process holds by a whole lease."""
