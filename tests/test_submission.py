@@ -31,6 +31,7 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.app import MailService
 from mailsvc.store import Store
+from mailsvc.submission.transactions import LOOK_SECONDS
 
 from .conftest import VERIFIED, Tenant, email_body, make_tenant, run_cli, wait_until
 from .servers import Gunicorn, Submission, cores_of
@@ -470,6 +471,27 @@ def test_the_rate_limit_is_the_http_sends_own_bucket(deployment):
     assert over_http.status_code == 429
 
 
+def test_tokens_taken_over_http_meanwhile_refuse_a_message_whose_mail_was_answered_from_the_look(
+    deployment,
+):
+    tenant = deployment.tenant()
+    operator.set_limit(deployment.store, tenant.id, "send", 3)
+    with logged_in(deployment, tenant) as session:
+        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+        for _ in range(2):  # the bucket's last two tokens go over HTTP
+            sent = deployment.client.post(
+                "/v1/emails", json=tenant.http_email(), headers=tenant.headers
+            )
+            assert sent.status_code == 200
+        mail, rcpts, end = submit(session, message(tenant), tenant.address, ["a@example.org"])
+        assert mail[0] == 250 and rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
+        assert end is not None and end[0] == 451
+        assert end[1].startswith("4.7.1 rate limit: 3 requests per minute")
+        code, said = session.mail(tenant.address)  # the store's answer now
+        assert code == 451 and said.startswith(b"4.7.1 rate limit")
+    assert len(deployment.emails(tenant)) == 3
+
+
 def test_credit_is_one_a_recipient_and_refused_before_anything_is_queued(deployment):
     tenant = deployment.tenant(credits=2)
     with logged_in(deployment, tenant) as session:
@@ -494,6 +516,29 @@ def test_credit_is_one_a_recipient_and_refused_before_anything_is_queued(deploym
         (452, "4.3.1 not enough credit to send to every recipient (credits: 1 needed, 0 available)")
     ]
     assert end is None and len(deployment.emails(tenant)) == 1
+
+
+def test_credit_added_meanwhile_is_read_before_a_recipient_is_refused(deployment):
+    """A MAIL answered from the session's look knows the credit as the session left it; a
+    recipient it would not cover is refused only once the store says so."""
+    tenant = deployment.tenant(credits=2)
+    with logged_in(deployment, tenant) as session:
+        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+        operator.add_credits(deployment.store, tenant.id, 5)
+        _, rcpts, end = submit(
+            session, message(tenant), tenant.address, ["a@example.org", "b@example.org"]
+        )
+        assert rcpts == [(250, "2.1.5 recipient ok")] * 2
+        queued_id(end)
+        _, rcpts, end = submit(
+            session, message(tenant), tenant.address, [f"{n}@example.org" for n in "acdef"]
+        )
+        assert [code for code, _ in rcpts] == [250, 250, 250, 250, 452]
+        assert rcpts[4][1] == (
+            "4.3.1 not enough credit to send to every recipient (credits: 5 needed, 4 available)"
+        )
+        queued_id(end)
+    assert deployment.credits(tenant) == 0
 
 
 def test_credit_spent_meanwhile_refuses_the_message_with_a_4xx_and_queues_nothing(deployment):
@@ -533,17 +578,48 @@ def test_a_suppressed_recipient_is_refused_at_its_rcpt_and_the_others_go_on(depl
     assert [r["address"] for r in shown["recipients"]] == ["here@example.org"]
 
 
-def test_an_address_suppressed_during_a_session_is_refused_at_its_next_message(deployment):
-    """An account that suppresses nobody has no RCPT looked up; each MAIL reads that again."""
+def test_an_address_suppressed_during_a_session_is_refused_once_mail_reads_the_store(deployment):
+    """An account that suppresses nobody has no RCPT looked up; a MAIL that reads the store reads
+    that again. One answered from the session's look (within LOOK_SECONDS of that read) does
+    not: its recipient suppressed since is left out at sending, as over HTTP."""
     tenant = deployment.tenant()
     with logged_in(deployment, tenant) as session:
         _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
                              ["later@example.org"])  # fmt: skip
         assert rcpts == [(250, "2.1.5 recipient ok")]
         operator.add_suppression(deployment.store, tenant.id, "later@example.org", "complained")
+        _, rcpts, end = submit(session, message(tenant, to="later@example.org"), tenant.address,
+                               ["later@example.org"])  # fmt: skip
+        assert rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
+        left_out = queued_id(end)
+        time.sleep(LOOK_SECONDS)
         _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
                              ["later@example.org"])  # fmt: skip
         assert rcpts[0][0] == 550 and "suppression list (complained)" in rcpts[0][1]
+    shown = wait_until(
+        lambda: (e := deployment.shown(tenant, left_out))["status"] != "queued" and e,
+        what="the message from the look sent",
+    )
+    assert [r["status"] for r in shown["recipients"]] == ["suppressed"]
+
+
+def test_a_key_revoked_during_a_session_queues_nothing_more(deployment):
+    """A MAIL soon after another is answered from the session's look; its DATA reads the key
+    again, and a key revoked since queues nothing. The next MAIL reads the store, and is 535."""
+    tenant = deployment.tenant()
+    with logged_in(deployment, tenant) as session:
+        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+        revoked = deployment.client.delete(f"/v1/api-keys/{tenant.key_id}", headers=tenant.headers)
+        assert revoked.status_code == 200
+        mail, rcpts, end = submit(session, message(tenant), tenant.address, ["a@example.org"])
+        assert mail[0] == 250 and rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
+        assert end == (535, "5.7.8 the API key is unknown or revoked")
+        assert session.mail(tenant.address) == (535, b"5.7.8 the API key is unknown or revoked")
+    other_key = operator.create_key(deployment.store, tenant.id)["key"]
+    listed = deployment.client.get(
+        "/v1/emails", headers={"Authorization": f"Bearer {other_key}"}
+    ).get_json()["data"]
+    assert len(listed) == 1  # the message before the key was revoked
 
 
 def test_at_most_50_recipients_and_addresses_as_strict_as_the_apis(deployment):
