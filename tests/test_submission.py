@@ -4,6 +4,7 @@ process, with the HTTP API on the same store, on both backends."""
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 import re
 import secrets
@@ -719,6 +720,48 @@ def test_a_message_the_api_would_refuse_is_554_and_changes_nothing(deployment, r
     assert len(deployment.emails(tenant)) == 1 and deployment.credits(tenant) == 999
 
 
+def test_lines_of_998_octets_are_taken_and_of_999_refused(deployment):
+    tenant = deployment.tenant()
+    head = b"From: hello@verified.test\r\nTo: a@example.org\r\nSubject: x\r\n\r\n"
+    with logged_in(deployment, tenant) as session:
+        queued_id(
+            submit(
+                session, tenant.raw(head + b"y" * 998 + b"\r\n"), tenant.address, ["a@example.org"]
+            )[2]  # fmt: skip
+        )
+        _, _, end = submit(session, tenant.raw(head + b"y" * 999 + b"\r\nz\r\n"),
+                           tenant.address, ["a@example.org"])  # fmt: skip
+    assert end == (
+        554,
+        "5.6.0 a line of the message is longer than 998 octets (RFC 5321); encode long lines "
+        "(quoted-printable or base64)",
+    )
+    assert len(deployment.emails(tenant)) == 1
+
+
+def test_data_that_arrives_in_pieces_is_read_as_sent(deployment):
+    """Lines cut between packets, the end of data cut after its dot, dots that begin lines
+    (stuffed by the client), and a command sent right after the end of data (pipelined):
+    each where it belongs."""
+    tenant = deployment.tenant()
+    mail = message(tenant, text=".starts with a dot\n..two\nmiddle\n.\nlast")
+    stuffed = wire(mail).replace(b"\r\n.", b"\r\n..") + b".\r\nNOOP\r\n"
+    with logged_in(deployment, tenant) as session:
+        session.mail(tenant.address)
+        session.rcpt("a@example.org")
+        assert session.docmd("DATA")[0] == 354
+        cuts = [0, 7, 100, len(stuffed) - 12, len(stuffed) - 8, len(stuffed) - 6, len(stuffed)]
+        for start, end in itertools.pairwise(cuts):
+            session.sock.sendall(stuffed[start:end])
+            time.sleep(0.05)
+        code, said = session.getreply()
+        assert code == 250, said
+        assert session.getreply() == (250, b"2.0.0 OK")  # the NOOP's, after the message
+    received = deployment.delivered(mail["Message-ID"])
+    body = received.data.decode().replace("\r\n", "\n")
+    assert "\n.starts with a dot\n..two\nmiddle\n.\nlast\n" in body
+
+
 def test_declared_8bit_is_taken(deployment):
     tenant = deployment.tenant()
     raw = (
@@ -734,13 +777,23 @@ def test_declared_8bit_is_taken(deployment):
     assert deployment.shown(tenant, said.decode().split()[3])["subject"] == "x"
 
 
-def test_a_bare_lf_ends_the_session(deployment):
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"From: hello@verified.test\r\nTo: a@example.org\r\n\r\nsmuggled\n.\r\n",
+        b"From: hello@verified.test\nTo: a@example.org\r\n\r\nx\r\n.\r\n",
+        b"From: hello@verified.test\r\nTo: a@example.org\r\n\r\nsmuggled\r.\r\n",
+        b"From: hello@verified.test\r\nTo: a@example.org\r\n\r\nx\r\n.\nMAIL FROM:<a@b.c>\r\n.\r\n",
+    ],
+    ids=["bare-lf", "bare-lf-first-line", "bare-cr", "lf-dot-lf"],
+)
+def test_a_bare_lf_ends_the_session(deployment, data):
     tenant = deployment.tenant()
     with logged_in(deployment, tenant) as session:
         session.mail(tenant.address)
         session.rcpt("a@example.org")
         assert session.docmd("DATA")[0] == 354
-        session.send(b"From: hello@verified.test\r\nTo: a@example.org\r\n\r\nsmuggled\n.\r\n")
+        session.send(data)
         assert session.getreply() == (
             554,
             b"5.5.2 a bare LF or CR in the message: every line must end with CRLF; closing",

@@ -235,7 +235,15 @@ class SubmissionSession(SMTP):
 
 
 class _Data:
-    """Reads one message's data, bounded (see the module's description)."""
+    """Reads one message's data, bounded (see the module's description).
+
+    It waits for a line as aiosmtpd reads a command (``readuntil``), and then takes every
+    whole line that has arrived with it at once, from the stream's buffer (as aiosmtpd's own
+    ``connection_lost`` reads it): a message of 2.6 KB is about 45 lines, and awaiting them
+    one by one was a tenth of the CPU its session spent on it. Both ways hold the same rules:
+    every line ends with CRLF, none is over 998 octets, a dot that begins a line is taken off,
+    and the data ends at a line that is a lone dot; nothing after it is taken.
+    """
 
     def __init__(self, session: SubmissionSession, envelope: Transaction) -> None:
         self.session = session
@@ -285,11 +293,13 @@ class _Data:
                     break
                 at_line_start = True
                 self._count(len(line), loop)
-                if self.refusal is not None:
-                    continue  # read to its end, and thrown away
-                if not self.eight_bit and not line.isascii():
-                    self.eight_bit = True
-                self._lines.append(line[1:] if line.startswith(b".") else line)
+                if self.refusal is None:  # (else read to its end, and thrown away)
+                    self._keep(line[1:] if line.startswith(b".") else line, len(line) - 2)
+                ended = self._take_arrived(reader._buffer, loop)  # type: ignore[attr-defined]
+                if ended is None:
+                    return None
+                if ended:
+                    break
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         finally:
@@ -300,6 +310,53 @@ class _Data:
         raw = b"".join(self._lines)
         self._lines.clear()
         return raw
+
+    def _take_arrived(self, buffer: bytearray, loop: asyncio.AbstractEventLoop) -> bool | None:
+        """Take the whole lines in ``buffer`` (the stream's, just after a whole line), up to
+        the end of the data: whether it ended, or None when the connection is closed (a bare LF
+        or CR)."""
+        last = buffer.rfind(b"\n")
+        if last < 0:
+            return False
+        arrived = bytes(buffer[: last + 1])
+        if arrived.startswith(b".\r\n"):
+            end = 0
+        else:
+            found = arrived.find(b"\r\n.\r\n")
+            end = found + 2 if found >= 0 else -1
+        ended = end >= 0
+        taken = arrived[: end + 3] if ended else arrived  # (with the line that ends it)
+        crlf = taken.count(b"\r\n")
+        if taken.count(b"\n") != crlf or taken.count(b"\r") != crlf:
+            self.session.close(
+                "554 5.5.2 a bare LF or CR in the message: every line must end with CRLF; closing"
+            )
+            return None
+        del buffer[: len(taken)]
+        lines = arrived[:end] if ended else arrived
+        if lines:
+            self._count(len(lines), loop)
+            if self.refusal is None:
+                longest = max(map(len, lines.split(b"\r\n")))
+                self._keep((b"\r\n" + lines).replace(b"\r\n.", b"\r\n")[2:], longest)
+        return ended
+
+    def _keep(self, lines: bytes, longest: int) -> None:
+        """Keep lines of the message (their dots taken off), the longest ``longest`` octets."""
+        most = self.session.line_length_limit - 3
+        if longest > most:
+            self._refuse(
+                Reply(
+                    554,
+                    "5.6.0",
+                    f"a line of the message is longer than {most} octets (RFC 5321); encode "
+                    "long lines (quoted-printable or base64)",
+                )
+            )
+            return
+        if not self.eight_bit and not lines.isascii():
+            self.eight_bit = True
+        self._lines.append(lines)
 
     def _count(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
         self._size += size
