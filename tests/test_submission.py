@@ -848,6 +848,18 @@ def test_an_idle_client_is_let_go(deployment):
             session.noop()
 
 
+def test_a_client_that_keeps_talking_is_kept_past_the_idle_timeout(deployment):
+    server = deployment.another_server(MAILSVC_SUBMISSION_TIMEOUT_SECONDS="0.5")
+    with smtplib.SMTP("127.0.0.1", server.port, timeout=30) as session:
+        session.ehlo()
+        for _ in range(8):  # 1.6 s in all, never 0.5 s idle
+            time.sleep(0.2)
+            assert session.noop()[0] == 250
+        time.sleep(1.2)
+        with pytest.raises(smtplib.SMTPServerDisconnected):
+            session.noop()
+
+
 def test_a_stalled_message_is_421_and_closed_after_its_grace(deployment):
     tenant = deployment.tenant()
     server = deployment.another_server(
