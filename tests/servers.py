@@ -290,6 +290,18 @@ def _processes() -> list[tuple[int, int]]:
     return found
 
 
+def process_tree(pid: int) -> list[int]:
+    """A process and every process below it (its children, theirs, ...)."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _processes():
+        children.setdefault(parent, []).append(child)
+    tree, waiting = [], [pid]
+    while waiting:
+        tree.append(waiting.pop())
+        waiting.extend(children.get(tree[-1], []))
+    return tree
+
+
 def _name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
