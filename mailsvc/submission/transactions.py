@@ -251,10 +251,9 @@ class MailTransactions:
     def _begin(self, account: Account, address: str) -> tuple[str, Admission, int, Caller]:
         """Who sends, whether they may send now and from there: the transaction's admission,
         the account's credit, and the key's caller."""
-        store, deps = self.service.store, self.service.deps
-        principal, caller = authenticate(account.token, store.reads, SEND)
-        account.principal = principal
-        admission = deps.limiter.admit(caller, principal, SEND, deps.clock())
+        store = self.service.store
+        admission, caller = self._admit(account)
+        principal = account.principal
         try:
             require_scope(principal, SEND_EMAIL.scopes)
             sender = parse_address(address, "MAIL FROM")
@@ -265,7 +264,7 @@ class MailTransactions:
                 raise DomainNotVerified(
                     f"MAIL FROM: sender domain {domain} is not verified for this account"
                 )
-            store.check_room(self.settings.store_min_free_mb * 2**20)
+            self._check_room()
             found = store.reads.get_account(principal.account_id)
         except Exception:
             self._settle(admission)
@@ -421,17 +420,30 @@ class MailTransactions:
         :raises NotAuthenticated: the key was revoked since (the message takes no token).
         :raises RateLimited: its bucket is empty (nor then).
         """
-        store, deps = self.service.store, self.service.deps
-        store.check_room(self.settings.store_min_free_mb * 2**20)
+        self._check_room()
         try:
-            principal, caller = authenticate(account.token, store.reads, SEND)
-            account.principal = principal
-            admission = deps.limiter.admit(caller, principal, SEND, deps.clock())
+            admission, _ = self._admit(account)
         except (NotAuthenticated, RateLimited):
             looked.taken = True
             raise
         looked.taken = True  # (this one takes the message's token)
         return admission
+
+    def _admit(self, account: Account) -> tuple[Admission, Caller]:
+        """The key read again (revoked since?) with its ``send`` bucket, in one read: the
+        transaction's admission, and the key's caller.
+
+        :raises NotAuthenticated: the key is unknown or revoked.
+        :raises RateLimited: the bucket has no token.
+        """
+        store, deps = self.service.store, self.service.deps
+        principal, caller = authenticate(account.token, store.reads, SEND)
+        account.principal = principal
+        return deps.limiter.admit(caller, principal, SEND, deps.clock()), caller
+
+    def _check_room(self) -> None:
+        """:raises StoreOutage: the store's disk is nearly full (it takes nothing)."""
+        self.service.store.check_room(self.settings.store_min_free_mb * 2**20)
 
     def _claim(
         self, principal: Principal, message_id: str | None, document: dict[str, Any]
