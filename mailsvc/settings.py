@@ -52,6 +52,16 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _look_seconds(value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("a number of seconds from 0 to 60 (fractions allowed)") from None
+    if not 0 <= number <= 60:
+        raise ValueError("a number of seconds from 0 to 60 (fractions allowed)")
+    return number
+
+
 def _dkim_bits(value: str) -> int:
     if value.strip() not in ("1024", "2048", "3072", "4096"):
         raise ValueError("1024, 2048, 3072 or 4096")
@@ -584,6 +594,15 @@ SETTINGS: tuple[Setting, ...] = (
         "messages a second. The connection limits are each process's. One process delivers; "
         "above one, that is one more process of their own.",
         _positive_int,
+    ),
+    Setting(
+        "submission_look_seconds",
+        1.0,
+        "How long after a MAIL FROM that read the store a session's next MAIL FROM may be "
+        "answered from what it found (its rate-limit bucket and credit as the session left "
+        "them, its verified domain); the end of such a message's data reads the key and its "
+        "bucket again before anything is queued. 0: every MAIL FROM reads the store.",
+        _look_seconds,
     ),
     Setting(
         "submission_hostname",

@@ -32,7 +32,6 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.app import MailService
 from mailsvc.store import Store
-from mailsvc.submission.transactions import LOOK_SECONDS
 
 from .conftest import VERIFIED, Tenant, email_body, make_tenant, run_cli, wait_until
 from .servers import Gunicorn, Submission, cores_of
@@ -191,6 +190,12 @@ def connect(deployment: Deployment, server: Submission | None = None) -> smtplib
     session.starttls(context=tls(deployment))
     session.ehlo()
     return session
+
+
+def looking(deployment: Deployment) -> Submission:
+    """A submission server whose sessions answer MAIL from their look for a minute: what a test
+    does between two messages of a session is certain to fall within it."""
+    return deployment.another_server(MAILSVC_SUBMISSION_LOOK_SECONDS="60")
 
 
 def logged_in(deployment: Deployment, tenant: Tenant, server: Submission | None = None):
@@ -477,7 +482,7 @@ def test_tokens_taken_over_http_meanwhile_refuse_a_message_whose_mail_was_answer
 ):
     tenant = deployment.tenant()
     operator.set_limit(deployment.store, tenant.id, "send", 3)
-    with logged_in(deployment, tenant) as session:
+    with logged_in(deployment, tenant, looking(deployment)) as session:
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
         for _ in range(2):  # the bucket's last two tokens go over HTTP
             sent = deployment.client.post(
@@ -523,7 +528,7 @@ def test_credit_added_meanwhile_is_read_before_a_recipient_is_refused(deployment
     """A MAIL answered from the session's look knows the credit as the session left it; a
     recipient it would not cover is refused only once the store says so."""
     tenant = deployment.tenant(credits=2)
-    with logged_in(deployment, tenant) as session:
+    with logged_in(deployment, tenant, looking(deployment)) as session:
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
         operator.add_credits(deployment.store, tenant.id, 5)
         _, rcpts, end = submit(
@@ -579,36 +584,45 @@ def test_a_suppressed_recipient_is_refused_at_its_rcpt_and_the_others_go_on(depl
     assert [r["address"] for r in shown["recipients"]] == ["here@example.org"]
 
 
-def test_an_address_suppressed_during_a_session_is_refused_once_mail_reads_the_store(deployment):
-    """An account that suppresses nobody has no RCPT looked up; a MAIL that reads the store reads
-    that again. One answered from the session's look (within LOOK_SECONDS of that read) does
-    not: its recipient suppressed since is left out at sending, as over HTTP."""
+def test_an_address_suppressed_during_a_session_is_refused_at_its_next_message(deployment):
+    """An account that suppresses nobody has no RCPT looked up; a MAIL that reads the store
+    reads that again (with MAILSVC_SUBMISSION_LOOK_SECONDS=0, every MAIL does)."""
     tenant = deployment.tenant()
-    with logged_in(deployment, tenant) as session:
+    server = deployment.another_server(MAILSVC_SUBMISSION_LOOK_SECONDS="0")
+    with logged_in(deployment, tenant, server) as session:
         _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
                              ["later@example.org"])  # fmt: skip
         assert rcpts == [(250, "2.1.5 recipient ok")]
         operator.add_suppression(deployment.store, tenant.id, "later@example.org", "complained")
-        _, rcpts, end = submit(session, message(tenant, to="later@example.org"), tenant.address,
-                               ["later@example.org"])  # fmt: skip
-        assert rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
-        left_out = queued_id(end)
-        time.sleep(LOOK_SECONDS)
         _, rcpts, _ = submit(session, message(tenant, to="later@example.org"), tenant.address,
                              ["later@example.org"])  # fmt: skip
         assert rcpts[0][0] == 550 and "suppression list (complained)" in rcpts[0][1]
+
+
+def test_an_address_suppressed_within_a_look_is_left_out_at_sending(deployment):
+    """A MAIL answered from the session's look does not read the account's suppressions again:
+    its recipient suppressed since is taken at RCPT and left out at sending, as over HTTP."""
+    tenant = deployment.tenant()
+    with logged_in(deployment, tenant, looking(deployment)) as session:
+        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+        operator.add_suppression(deployment.store, tenant.id, "later@example.org", "complained")
+        _, rcpts, end = submit(session, message(tenant, to="later@example.org"), tenant.address,
+                               ["later@example.org"])  # fmt: skip
+        assert rcpts == [(250, "2.1.5 recipient ok")]
+        left_out = queued_id(end)
     shown = wait_until(
         lambda: (e := deployment.shown(tenant, left_out))["status"] != "queued" and e,
         what="the message from the look sent",
     )
     assert [r["status"] for r in shown["recipients"]] == ["suppressed"]
+    assert deployment.credits(tenant) == 999  # (its credit given back)
 
 
 def test_a_key_revoked_during_a_session_queues_nothing_more(deployment):
     """A MAIL soon after another is answered from the session's look; its DATA reads the key
     again, and a key revoked since queues nothing. The next MAIL reads the store, and is 535."""
     tenant = deployment.tenant()
-    with logged_in(deployment, tenant) as session:
+    with logged_in(deployment, tenant, looking(deployment)) as session:
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
         revoked = deployment.client.delete(f"/v1/api-keys/{tenant.key_id}", headers=tenant.headers)
         assert revoked.status_code == 200

@@ -9,11 +9,12 @@ MAIL FROM
     The key again (revoked since?), with the state of its ``send`` rate-limit bucket, in one
     read: no token is ``451 4.7.1`` with the wait. Then the key's scope and sender domain, and
     the envelope sender's domain must be verified for the account (``550 5.7.1``); a store
-    whose disk is nearly full takes nothing (``451 4.3.0``). Within :data:`LOOK_SECONDS` of
-    those reads, the session's next MAIL from a domain they found verified is answered from
-    them (:class:`Look`: its bucket as the session left it, its credit less what it spent),
-    without the store and without a hand-off to a thread; that message's DATA then reads the
-    key, its bucket and the store's room again before it queues anything.
+    whose disk is nearly full takes nothing (``451 4.3.0``). Within
+    ``MAILSVC_SUBMISSION_LOOK_SECONDS`` of those reads (1 s), the session's next MAIL from a
+    domain they found verified is answered from them (:class:`Look`: its bucket as the session
+    left it, its credit less what it spent), without the store and without a hand-off to a
+    thread; that message's DATA then reads the key, its bucket and the store's room again
+    before it queues anything.
 RCPT TO
     The address, as strict as the API's (``553 5.1.3``); at most
     :data:`~mailsvc.api.sending.MAX_RECIPIENTS` (``452 4.5.3``: the rest in another message); a
@@ -72,9 +73,6 @@ from .replies import Reply, reply_for
 log = logging.getLogger("mailsvc.submission")
 T = TypeVar("T")
 
-#: How long after MAIL's reads a session's next MAIL may be answered from them (:class:`Look`).
-LOOK_SECONDS = 1.0
-
 
 class Account:
     """What a session knows of who it is: the key it authenticated with."""
@@ -87,9 +85,9 @@ class Account:
 @dataclass
 class Look:
     """What a MAIL's reads of the store found, to answer the session's next MAILs from until
-    ``until`` (:data:`LOOK_SECONDS` later, by the monotonic clock): the key's caller, with its
-    ``send`` bucket as this session has left it since; the sender domains found verified; the
-    account's credit, less what the session's messages have spent since.
+    ``until`` (``MAILSVC_SUBMISSION_LOOK_SECONDS`` later, by the monotonic clock): the key's
+    caller, with its ``send`` bucket as this session has left it since; the sender domains
+    found verified; the account's credit, less what the session's messages have spent since.
 
     A client sends one message after another on a connection; each MAIL's reads and the
     hand-off to a thread that makes them cost as much as a third of its message (0.37 of
@@ -215,7 +213,8 @@ class MailTransactions:
             except Exception as exc:
                 return self._refused(exc, account, envelope).lines()
             domain = sender.rpartition("@")[2]
-            session.look = Look(time.monotonic() + LOOK_SECONDS, caller, {domain}, credits)
+            until = time.monotonic() + self.settings.submission_look_seconds
+            session.look = Look(until, caller, {domain}, credits)
         look = session.look
         assert look is not None
         look.caller = replace(look.caller, bucket=(admission.tokens - 1.0, admission.now))
