@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..servers import free_port
+from ..servers import cpu_seconds, free_port, proc_stat, process_tree
 
 # One line per service Postfix needs to relay; none of them chrooted (the folder is private).
 _MASTER_CF = """\
@@ -187,6 +187,15 @@ class Postfix:
 
     def stop(self) -> None:
         self._control("stop")
+
+    def cpu_seconds(self) -> float:
+        """The CPU time (user and system) of the instance so far: its master's, its live
+        children's, and that of the children it has reaped (Postfix starts a process when work
+        comes and lets it go when idle)."""
+        master = int((self.folder / "spool" / "pid" / "master.pid").read_text().split()[0])
+        fields = proc_stat(master)
+        reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+        return cpu_seconds(process_tree(master)) + reaped
 
     def log(self) -> str:
         path = self.folder / "maillog"
