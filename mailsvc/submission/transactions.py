@@ -104,6 +104,10 @@ class Look:
     domains: set[str]
     credits: int
 
+    def took(self, admission: Admission) -> None:
+        """The bucket as a transaction of the session leaves it: its token taken."""
+        self.caller = replace(self.caller, bucket=(admission.tokens - 1.0, admission.now))
+
 
 class Login(Session):
     """aiosmtpd's session state, with the account it authenticated as."""
@@ -217,7 +221,7 @@ class MailTransactions:
             session.look = Look(until, caller, {domain}, credits)
         look = session.look
         assert look is not None
-        look.caller = replace(look.caller, bucket=(admission.tokens - 1.0, admission.now))
+        look.took(admission)
         envelope.mail_from = sender
         envelope.mail_options.extend(options)
         envelope.admission = admission
@@ -264,11 +268,11 @@ class MailTransactions:
                     f"MAIL FROM: sender domain {domain} is not verified for this account"
                 )
             self._check_room()
-            found = store.reads.get_account(principal.account_id)
+            credits = self._credits(account)
         except Exception:
             self._settle(admission)
             raise
-        return sender, admission, found.credits if found is not None else 0, caller
+        return sender, admission, credits, caller
 
     async def handle_RCPT(  # noqa: N802 (aiosmtpd's name)
         self,
@@ -361,7 +365,7 @@ class MailTransactions:
         if envelope.from_look and email_id is None:
             session.look = None  # what changed since is the store's to say, at the next MAIL
         elif look is not None and admission is not None:  # the look, as the message left it
-            look.caller = replace(look.caller, bucket=(admission.tokens - 1.0, admission.now))
+            look.took(admission)
             look.credits -= envelope.spent
         metrics.SUBMISSION_DURATION.observe(time.perf_counter() - started)
         _log_message(session, envelope, reply, email_id)
