@@ -122,7 +122,9 @@ def when_ready(server):
         from mailsvc.app import MailService
 
         _supervisor = delivery_process.start_supervisor(
-            lambda: MailService(_settings), lambda pid: setattr(_DELIVERING, "value", pid)
+            lambda: MailService(_settings),
+            lambda pid: setattr(_DELIVERING, "value", pid),
+            _settings.delivery_nice,
         )
 
 

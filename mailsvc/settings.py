@@ -62,6 +62,16 @@ def _look_seconds(value: str) -> float:
     return number
 
 
+def _nice(value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ValueError("a whole number from 0 to 19") from None
+    if not 0 <= number <= 19:
+        raise ValueError("a whole number from 0 to 19")
+    return number
+
+
 def _dkim_bits(value: str) -> int:
     if value.strip() not in ("1024", "2048", "3072", "4096"):
         raise ValueError("1024, 2048, 3072 or 4096")
@@ -300,6 +310,17 @@ SETTINGS: tuple[Setting, ...] = (
         "master starts beside the workers and starts again if it dies, not in every worker: "
         "requests and deliveries then never wait for each other's interpreter lock.",
         _boolean,
+    ),
+    Setting(
+        "delivery_nice",
+        10,
+        "How much lower the process that delivers runs than those that answer clients (a "
+        "nice value, added to theirs): on a busy machine, requests and SMTP transactions are "
+        "answered first and delivery has the CPU they leave; a burst is delivered as soon, a "
+        "load that never lets up leaves mail queued until it does (see Performance). 0: the "
+        "same priority. Threads that deliver inside a worker (MAILSVC_DELIVERY_PROCESS=false, "
+        "one submission process) keep the worker's.",
+        _nice,
     ),
     Setting(
         "delivery_threads",

@@ -342,6 +342,17 @@ def cores_of(pid: int) -> set[int]:
     return found
 
 
+def niceness_of(pid: int) -> set[int]:
+    """The nice values of every thread of a process (each thread has its own)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+        except (ProcessLookupError, OSError):  # a thread that ended meanwhile
+            continue
+    return found
+
+
 def _alive(pid: int) -> bool:
     """Whether a process is still running (a zombie has closed its files already)."""
     try:

@@ -13,7 +13,7 @@ import pytest
 from mailsvc import operator
 
 from .conftest import VERIFIED, email_body, wait_until
-from .servers import Gunicorn, cores_of
+from .servers import Gunicorn, cores_of, niceness_of
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +176,35 @@ def test_with_delivery_process_off_each_worker_delivers(served_tenant, sink):
         assert server.request("GET", "/readyz")[1]["delivery"] == "running"
     finally:
         server.stop()
+
+
+def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
+    """MAILSVC_DELIVERY_NICE: every thread of the process that delivers (those that send mail
+    among them) runs that many nice steps below the master; the workers and the supervisor do
+    not. 0: all at the master's."""
+    path, _, _, headers = served_tenant
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # (the master's: it inherits it from this one)
+    for nice in (7, 0):
+        server = Gunicorn(
+            {
+                "MAILSVC_DATABASE": path,
+                "MAILSVC_SMTP_URL": sink.url,
+                "MAILSVC_DELIVERY_NICE": str(nice),
+            },
+            workers=2,
+        ).start()
+        try:
+            results = server.many([("POST", "/v1/emails", email_body(), headers)] * 5)
+            sent = {f"<{body['id']}@{VERIFIED}>" for _, body in results}
+            wait_until(lambda s=sent: s <= {m.message_id for m in sink.messages}, 10, "at sink")
+            supervisor, delivering = server.delivery_pids()
+            assert niceness_of(delivering) == {min(19, own + nice)}
+            assert len(list(Path(f"/proc/{delivering}/task").iterdir())) > 4  # (all started)
+            for pid in [*server.worker_pids(), supervisor, server.process.pid]:
+                assert niceness_of(pid) == {own}, pid
+        finally:
+            log = server.stop()
+        assert "Traceback" not in log
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to pin")

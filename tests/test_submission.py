@@ -34,7 +34,7 @@ from mailsvc.app import MailService
 from mailsvc.store import Store
 
 from .conftest import VERIFIED, Tenant, email_body, make_tenant, run_cli, wait_until
-from .servers import Gunicorn, Submission, cores_of
+from .servers import Gunicorn, Submission, cores_of, niceness_of
 from .smtp_sink import SmtpSink
 
 pytestmark = pytest.mark.slow
@@ -1132,6 +1132,9 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
         cores = {pid: cores_of(pid) for pid in children}
         assert [len(found) for found in cores.values()] == [1, 1]
         assert cores[min(children)] != cores[max(children)] and cores_of(deliverer) == usable
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # (MAILSVC_DELIVERY_NICE: delivery runs below)
+    assert niceness_of(deliverer) == {min(19, own + 10)}
+    assert [niceness_of(pid) for pid in children] == [{own}, {own}]
     sessions = [logged_in(deployment, tenant, server) for _ in range(8)]
     ids = [
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])

@@ -44,9 +44,13 @@ class Service(Protocol):
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None: ...
 
 
-def deliver(make_service: Callable[[], Service]) -> None:
+def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
     """Deliver (the threads ``make_service()`` starts: mail's, webhooks', the purge) until
-    SIGTERM or SIGINT, then stop gracefully."""
+    SIGTERM or SIGINT, then stop gracefully; ``nice`` steps below the process that forked it
+    (``MAILSVC_DELIVERY_NICE``), every thread of it (each inherits it from this one, the only
+    thread of a process just forked)."""
+    if nice:
+        os.nice(nice)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, frame: stopping.set())
@@ -81,24 +85,29 @@ def fork_child(work: Callable[[], None], what: str) -> int:
         os._exit(code)
 
 
-def start_supervisor(make_service: Callable[[], Service], publish: Callable[[int], None]) -> int:
+def start_supervisor(
+    make_service: Callable[[], Service], publish: Callable[[int], None], nice: int = 0
+) -> int:
     """Fork the supervisor (from a process with no other thread: gunicorn's master, when
-    ready); its pid. ``publish`` is called in it with each delivering process's pid."""
+    ready); its pid. ``publish`` is called in it with each delivering process's pid, which
+    runs ``nice`` steps below the master (see :func:`deliver`)."""
 
     def run() -> None:
         name_this_process()
         die_with_parent(signal.SIGTERM)
-        supervise(make_service, publish)
+        supervise(make_service, publish, nice)
 
     return fork_child(run, "delivery: the supervisor")
 
 
-def supervise(make_service: Callable[[], Service], publish: Callable[[int], None]) -> None:
+def supervise(
+    make_service: Callable[[], Service], publish: Callable[[int], None], nice: int = 0
+) -> None:
     """Keep one delivering process running until SIGTERM or SIGINT, then stop it."""
 
     def run() -> None:
         die_with_parent(signal.SIGTERM)
-        deliver(make_service)
+        deliver(make_service, nice)
 
     keep_running(["delivery: its process"], lambda what: fork_child(run, what), started=publish)
     publish(0)

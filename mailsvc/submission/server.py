@@ -232,7 +232,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             else:
                 listening.close()
                 name_this_process()
-                deliver(lambda: MailService(settings))
+                deliver(lambda: MailService(settings), settings.delivery_nice)
 
         return fork_child(run, str(role))
 
