@@ -62,13 +62,16 @@ def _look_seconds(value: str) -> float:
     return number
 
 
-def _nice(value: str) -> int:
+def _nice(value: str) -> int | None:
+    """A nice value from 0 to 19, or None for ``auto`` (see :func:`delivery_nice`)."""
+    if value.strip().lower() == "auto":
+        return None
     try:
         number = int(value.strip())
     except ValueError:
-        raise ValueError("a whole number from 0 to 19") from None
+        raise ValueError("auto, or a whole number from 0 to 19") from None
     if not 0 <= number <= 19:
-        raise ValueError("a whole number from 0 to 19")
+        raise ValueError("auto, or a whole number from 0 to 19")
     return number
 
 
@@ -313,13 +316,14 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "delivery_nice",
-        10,
+        "auto",
         "How much lower the process that delivers runs than those that answer clients (a "
         "nice value, added to theirs): on a busy machine, requests and SMTP transactions are "
         "answered first and delivery has the CPU they leave; a burst is delivered as soon, a "
-        "load that never lets up leaves mail queued until it does (see Performance). 0: the "
-        "same priority. Threads that deliver inside a worker (MAILSVC_DELIVERY_PROCESS=false, "
-        "one submission process) keep the worker's.",
+        "load that never lets up leaves mail queued until it does. `auto`: 10 on SQLite, 0 "
+        "on PostgreSQL, where delivery, not the accepts, bounds what a host relays (see "
+        "Performance). 0: the same priority. Threads that deliver inside a worker "
+        "(MAILSVC_DELIVERY_PROCESS=false, one submission process) keep the worker's.",
         _nice,
     ),
     Setting(

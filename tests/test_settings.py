@@ -44,7 +44,7 @@ def test_environment_then_mapping():
     [
         ({"MAILSVC_DELIVERY_THREADS": "zero"}, {}, "MAILSVC_DELIVERY_THREADS"),
         ({"MAILSVC_MAX_BODY_BYTES": "0"}, {}, "at least 1"),
-        ({"MAILSVC_DELIVERY_NICE": "20"}, {}, "MAILSVC_DELIVERY_NICE=.20.: expected a whole "),
+        ({"MAILSVC_DELIVERY_NICE": "20"}, {}, "MAILSVC_DELIVERY_NICE=.20.: expected auto, or a "),
         ({"MAILSVC_DELIVERY_NICE": "-5"}, {}, "from 0 to 19"),
         ({}, {"sqlite_synchronous": "off"}, "MAILSVC_SQLITE_SYNCHRONOUS=.off.: expected FULL"),
         ({}, {"no_such_setting": 1}, "unknown setting"),

@@ -44,6 +44,20 @@ class Service(Protocol):
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None: ...
 
 
+#: ``MAILSVC_DELIVERY_NICE=auto``: on SQLite, the accepts of a busy host come first; on
+#: PostgreSQL delivery bounds what a host relays, and keeps its share (see docs/performance.md).
+AUTO_NICE = {"sqlite": 10, "postgresql": 0}
+
+
+def delivery_nice(setting: int | None, database: str) -> int:
+    """The nice steps of the delivering process: ``setting`` (MAILSVC_DELIVERY_NICE), or for
+    ``auto`` (None) the one of the store ``database`` names."""
+    if setting is not None:
+        return setting
+    postgres = database.startswith(("postgresql://", "postgres://"))
+    return AUTO_NICE["postgresql" if postgres else "sqlite"]
+
+
 def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
     """Deliver (the threads ``make_service()`` starts: mail's, webhooks', the purge) until
     SIGTERM or SIGINT, then stop gracefully; ``nice`` steps below the process that forked it

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..app import MailService
 from ..delivery.process import (
     deliver,
+    delivery_nice,
     die_with_parent,
     fork_child,
     keep_running,
@@ -232,7 +233,8 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             else:
                 listening.close()
                 name_this_process()
-                deliver(lambda: MailService(settings), settings.delivery_nice)
+                nice = delivery_nice(settings.delivery_nice, settings.database)
+                deliver(lambda: MailService(settings), nice)
 
         return fork_child(run, str(role))
 

@@ -7,8 +7,10 @@
 
 Each round serves the baseline and then this checkout (each with a fresh database and sink, the
 gunicorn.conf.py of its own checkout), runs wrk at peak (and waits for the sink to have every email
-it accepted: end to end, and the CPU time the workers spent on that, an email), then the open loop
-at a fixed rate, and reads each worker's RSS and PSS, and the PSS of the master and workers
+it accepted: end to end, the CPU time the workers spent on that, an email, and the share of
+those emails delivered while wrk ran), then the open loop at a fixed rate (each 200's latency,
+and its accept-to-handoff: from the 200 to the sink's receipt), and reads each worker's RSS
+and PSS, and the PSS of the master and workers
 together; the report gives each round and the medians, and the ratio of this checkout to the
 baseline. For a change whose effect is smaller than the noise between separate runs (memory, a few
 percent of throughput). The CPU an email is the workers' user and system time; between rounds it
@@ -30,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +46,7 @@ from .parts import (
     ROOT,
     Sink,
     email,
+    percentile,
     postgres_database,
     prepare,
     worker_pss_mb,
@@ -109,15 +113,20 @@ def _measure(
     try:
         body = _templated(server.port, headers) if args.template else email(1)
         workers = server.service_pids()
-        cpu_before = cpu_seconds(workers)
+        cpu_before, delivered_before, started = cpu_seconds(workers), sink.count(), time.time()
         accept, (end_to_end, accepted) = accept_end_to_end(
             server, env, sink, headers, args, folder, body
         )
         cpu_an_email = (cpu_seconds(workers) - cpu_before) / accepted * 1000
+        in_peak = sum(
+            1 for at, _ in sink.received()[delivered_before:] if at <= started + args.seconds
+        )
         samples = openloop.run(
             "127.0.0.1", server.port, "/v1/emails", body, headers, args.rate, args.seconds
         )
-        latencies = sorted(s.latency * 1000 for s in samples if s.status == 200)
+        ok = [s for s in samples if s.status == 200]
+        latencies = sorted(s.latency * 1000 for s in ok)
+        handoffs = _handoffs_ms(sink, {json.loads(s.body)["id"]: s.due + s.latency for s in ok})
         reads = {}
         if args.get:
             reads["get/s"] = wrk(server.port, "", headers, args.seconds, folder, args.get, "GET")
@@ -127,6 +136,9 @@ def _measure(
             "cpu ms/mail": cpu_an_email,
             **reads,
             "p99 ms": latencies[int(0.99 * len(latencies))],
+            "delivered in peak": in_peak / accepted,
+            "handoff p50 ms": percentile(handoffs, 0.5),
+            "handoff p99 ms": percentile(handoffs, 0.99),
             "RSS MB": max(worker_rss_mb(server)),
             "PSS MB": max(worker_pss_mb(server)),
             "all PSS MB": _pss_mb(server.process.pid) + sum(worker_pss_mb(server)),
@@ -135,6 +147,18 @@ def _measure(
         server.stop()
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _handoffs_ms(sink: Sink, answered: dict[str, float]) -> list[float]:
+    """From each 200 of the open loop (the time it was answered, by email id) to the sink's
+    receipt of its message, once every one has arrived (or 30 s have passed)."""
+    deadline = time.monotonic() + 30
+    while True:
+        received = {mid.strip("<>").split("@")[0]: at for at, mid in sink.received()}
+        if answered.keys() <= received.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return [(received[i] - at) * 1000 for i, at in answered.items() if i in received]
 
 
 def _templated(port: int, headers: dict[str, str]) -> dict:
@@ -211,7 +235,7 @@ def main() -> None:
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     heads = "".join(f"{f'round {n}':>10}" for n in range(1, args.rounds + 1))
-    print(f"{'figure':<12}{'version':<10}{heads}")
+    print(f"{'figure':<18}{'version':<10}{heads}")
     for figure in rounds[0]["this"]:
         medians = {}
         for version in ("baseline", "this"):
@@ -219,8 +243,8 @@ def main() -> None:
             medians[version] = statistics.median(values)
             digits = 2 if max(values) < 10 else 1
             cells = "".join(f"{v:>10.{digits}f}" for v in values)
-            print(f"{figure:<12}{version:<10}{cells}   median {medians[version]:.{digits}f}")
-        print(f"{'':<12}{'this/base':<10}{medians['this'] / medians['baseline']:>10.3f}")
+            print(f"{figure:<18}{version:<10}{cells}   median {medians[version]:.{digits}f}")
+        print(f"{'':<18}{'this/base':<10}{medians['this'] / medians['baseline']:>10.3f}")
 
 
 if __name__ == "__main__":
