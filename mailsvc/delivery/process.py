@@ -64,7 +64,10 @@ def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
     (``MAILSVC_DELIVERY_NICE``), every thread of it (each inherits it from this one, the only
     thread of a process just forked)."""
     if nice:
-        os.nice(nice)
+        try:
+            os.nice(nice)
+        except OSError as exc:  # (a sandbox that forbids it: delivery runs all the same)
+            log.warning("delivery: cannot run %d nice steps below the workers (%s)", nice, exc)
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, frame: stopping.set())
