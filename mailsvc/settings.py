@@ -63,7 +63,8 @@ def _look_seconds(value: str) -> float:
 
 
 def _nice(value: str) -> int | None:
-    """A nice value from 0 to 19, or None for ``auto`` (see :func:`delivery_nice`)."""
+    """A nice value from 0 to 19, or None for ``auto`` (which
+    :func:`mailsvc.delivery.process.delivery_nice` resolves by the backend)."""
     if value.strip().lower() == "auto":
         return None
     try:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from ..store import POSTGRES_SCHEMES
+
 log = logging.getLogger("mailsvc.delivery")
 
 #: The processes' name (at most 15 bytes: the kernel's limit).
@@ -54,8 +56,7 @@ def delivery_nice(setting: int | None, database: str) -> int:
     ``auto`` (None) the one of the store ``database`` names."""
     if setting is not None:
         return setting
-    postgres = database.startswith(("postgresql://", "postgres://"))
-    return AUTO_NICE["postgresql" if postgres else "sqlite"]
+    return AUTO_NICE["postgresql" if database.startswith(POSTGRES_SCHEMES) else "sqlite"]
 
 
 def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
