@@ -11,10 +11,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the processes that deliver are named (mailsvc/delivery/process.py).
@@ -333,22 +335,21 @@ def cpu_seconds(pids: Iterable[int]) -> float:
 def cores_of(pid: int) -> set[int]:
     """The cores every thread of a process may run on, together (each thread's own: a thread
     started before its process was pinned would keep its own set)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found |= os.sched_getaffinity(int(task.name))
-        except ProcessLookupError:  # a thread that ended meanwhile
-            continue
-    return found
+    return set().union(*_each_thread(pid, os.sched_getaffinity))
 
 
 def niceness_of(pid: int) -> set[int]:
-    """The nice values of every thread of a process (each thread has its own)."""
-    found: set[int] = set()
+    """The nice values of the threads of a process (each thread has its own)."""
+    return set(_each_thread(pid, lambda tid: os.getpriority(os.PRIO_PROCESS, tid)))
+
+
+def _each_thread(pid: int, read: Callable[[int], T]) -> list[T]:
+    """``read(thread id)`` of each thread of a process, passing over one that ended meanwhile."""
+    found: list[T] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            found.add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
-        except (ProcessLookupError, OSError):  # a thread that ended meanwhile
+            found.append(read(int(task.name)))
+        except OSError:  # (ProcessLookupError among them)
             continue
     return found
 
