@@ -124,7 +124,7 @@ def when_ready(server):
         _supervisor = delivery_process.start_supervisor(
             lambda: MailService(_settings),
             lambda pid: setattr(_DELIVERING, "value", pid),
-            delivery_process.delivery_nice(_settings.delivery_nice, _settings.database),
+            delivery_process.delivery_nice(_settings),
         )
 
 

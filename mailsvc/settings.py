@@ -12,8 +12,10 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
+
+Number = TypeVar("Number", int, float)
 
 
 class SettingsError(ValueError):
@@ -52,14 +54,21 @@ def _positive_float(value: str) -> float:
     return number
 
 
-def _look_seconds(value: str) -> float:
+def _within(
+    value: str, kind: Callable[[str], Number], low: Number, high: Number, expected: str
+) -> Number:
+    """``value`` read as ``kind`` (int or float), from ``low`` to ``high``."""
     try:
-        number = float(value.strip())
+        number = kind(value.strip())
     except ValueError:
-        raise ValueError("a number of seconds from 0 to 60 (fractions allowed)") from None
-    if not 0 <= number <= 60:
-        raise ValueError("a number of seconds from 0 to 60 (fractions allowed)")
+        raise ValueError(expected) from None
+    if not low <= number <= high:
+        raise ValueError(expected)
     return number
+
+
+def _look_seconds(value: str) -> float:
+    return _within(value, float, 0.0, 60.0, "a number of seconds from 0 to 60 (fractions allowed)")
 
 
 def _nice(value: str) -> int | None:
@@ -67,13 +76,7 @@ def _nice(value: str) -> int | None:
     :func:`mailsvc.delivery.process.delivery_nice` resolves by the backend)."""
     if value.strip().lower() == "auto":
         return None
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise ValueError("auto, or a whole number from 0 to 19") from None
-    if not 0 <= number <= 19:
-        raise ValueError("auto, or a whole number from 0 to 19")
-    return number
+    return _within(value, int, 0, 19, "auto, or a whole number from 0 to 19")
 
 
 def _dkim_bits(value: str) -> int:

@@ -23,9 +23,12 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..store import POSTGRES_SCHEMES
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -51,12 +54,13 @@ class Service(Protocol):
 AUTO_NICE = {"sqlite": 10, "postgresql": 0}
 
 
-def delivery_nice(setting: int | None, database: str) -> int:
-    """The nice steps of the delivering process: ``setting`` (MAILSVC_DELIVERY_NICE), or for
-    ``auto`` (None) the one of the store ``database`` names."""
-    if setting is not None:
-        return setting
-    return AUTO_NICE["postgresql" if database.startswith(POSTGRES_SCHEMES) else "sqlite"]
+def delivery_nice(settings: Settings) -> int:
+    """The nice steps of the delivering process: MAILSVC_DELIVERY_NICE, or for ``auto`` the
+    one of the backend MAILSVC_DATABASE names."""
+    if settings.delivery_nice is not None:
+        return int(settings.delivery_nice)
+    postgres = settings.database.startswith(POSTGRES_SCHEMES)
+    return AUTO_NICE["postgresql" if postgres else "sqlite"]
 
 
 def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:

@@ -233,8 +233,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             else:
                 listening.close()
                 name_this_process()
-                nice = delivery_nice(settings.delivery_nice, settings.database)
-                deliver(lambda: MailService(settings), nice)
+                deliver(lambda: MailService(settings), delivery_nice(settings))
 
         return fork_child(run, str(role))
 

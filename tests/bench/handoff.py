@@ -23,12 +23,11 @@ import json
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 from ..servers import POSTGRES_URL
 from . import openloop
-from .parts import Sink, email, percentile, postgres_database, prepare, serve
+from .parts import Sink, email, handoffs_ms, percentile, postgres_database, prepare, serve
 
 
 def measure(
@@ -49,16 +48,10 @@ def measure(
         )
         ok = [s for s in samples if s.status == 200]
         answered = {json.loads(s.body)["id"]: s.due + s.latency for s in ok}
-        deadline = time.monotonic() + 30  # every email answered 200 reaches the sink
-        while True:
-            received = {mid.strip("<>").split("@")[0]: at for at, mid in sink.received()}
-            if all(i in received for i in answered) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        handoff = handoffs_ms(sink, answered)  # (every email answered 200 reaches the sink)
     finally:
         server.stop()
     accept = [s.latency * 1000 for s in ok]
-    handoff = [(received[i] - at) * 1000 for i, at in answered.items() if i in received]
     return {
         "accept p50": percentile(accept, 0.5),
         "accept p99": percentile(accept, 0.99),

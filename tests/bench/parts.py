@@ -28,6 +28,19 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
 
 
+def handoffs_ms(sink: Sink, answered: dict[str, float]) -> list[float]:
+    """Accept-to-handoff of each email answered 200 (``answered``: the time it was answered, by
+    email id): from then to the sink's receipt of its message, once every one has arrived (or
+    30 s have passed; those that did not are left out)."""
+    deadline = time.monotonic() + 30
+    while True:
+        received = {mid.strip("<>").split("@")[0]: at for at, mid in sink.received()}
+        if answered.keys() <= received.keys() or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return [(received[i] - at) * 1000 for i, at in answered.items() if i in received]
+
+
 class Sink:
     """The SMTP sink process and its log of ``time message-id`` lines.
 

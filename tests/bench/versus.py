@@ -46,6 +46,7 @@ from .parts import (
     ROOT,
     Sink,
     email,
+    handoffs_ms,
     percentile,
     postgres_database,
     prepare,
@@ -126,7 +127,7 @@ def _measure(
         )
         ok = [s for s in samples if s.status == 200]
         latencies = sorted(s.latency * 1000 for s in ok)
-        handoffs = _handoffs_ms(sink, {json.loads(s.body)["id"]: s.due + s.latency for s in ok})
+        handoffs = handoffs_ms(sink, {json.loads(s.body)["id"]: s.due + s.latency for s in ok})
         reads = {}
         if args.get:
             reads["get/s"] = wrk(server.port, "", headers, args.seconds, folder, args.get, "GET")
@@ -147,18 +148,6 @@ def _measure(
         server.stop()
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _handoffs_ms(sink: Sink, answered: dict[str, float]) -> list[float]:
-    """From each 200 of the open loop (the time it was answered, by email id) to the sink's
-    receipt of its message, once every one has arrived (or 30 s have passed)."""
-    deadline = time.monotonic() + 30
-    while True:
-        received = {mid.strip("<>").split("@")[0]: at for at, mid in sink.received()}
-        if answered.keys() <= received.keys() or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return [(received[i] - at) * 1000 for i, at in answered.items() if i in received]
 
 
 def _templated(port: int, headers: dict[str, str]) -> dict:
