@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from mailsvc.mail.dkim import new_signing_key
 from mailsvc.store import (
     TEMPLATE_CPU_GROUP,
     Attachment,
+    Attempted,
     CreditExhausted,
     DomainExists,
     DomainTaken,
@@ -713,6 +715,130 @@ def test_emails_waiting_for_the_relay_are_made_due_once(stores):
     assert store.write(lambda tx: tx.due_again_after_outage(400.0, 100)) == 1
     assert store.reads.get_email(owner, "em_leased").due_at == 400.0
     assert store.write(lambda tx: tx.claim_due("me", 300.0, 60.0, 100)) != []
+
+
+class _CountedStatements:
+    """A store connection's stand-in that counts the statements sent through it."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection, self.sent = connection, 0
+
+    def execute(self, *arguments: Any) -> Any:
+        self.sent += 1
+        return self.connection.execute(*arguments)
+
+    def queue(self, *arguments: Any) -> None:
+        self.sent += 1
+        self.connection.queue(*arguments)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+
+def _record_counted(tx: Any, owner: str, attempts: list[Attempted]) -> int:
+    """Record the attempts in the job's transaction; how many statements that took."""
+    counted = tx.connection = _CountedStatements(tx.connection)
+    try:
+        tx.finish_attempts(owner, attempts)
+    finally:
+        tx.connection = counted.connection
+    return counted.sent
+
+
+def test_a_run_of_outcomes_is_recorded_as_each_alone_would_be(stores):
+    """A delivery thread records a run of attempts in one call: the emails, their recipients,
+    their events, their credit and their day's counts are what recording each alone gives,
+    in as many statements for eight as for one. One lease lost refuses the whole run."""
+    store = stores[0]
+    owner = account(store, credits=100)
+    sender_domain(store, owner)
+    two = (NewRecipient("b@example.org"), NewRecipient("c@example.org", kind="cc"))
+    store.write(
+        lambda tx: [
+            tx.enqueue_email(
+                new_email(f"em_{n}", owner, "a@verified.test", recipients=two, charged=2)
+            )
+            for n in range(16)
+        ]
+    )
+    claimed = {e.id: e for e in store.write(lambda tx: tx.claim_due("me", 9.0, 1e9, 16))}
+    day = 86400.0
+    sent = Recipient("b@example.org", "sent", 250, "2.0.0", "ok", "to")
+    later = Recipient("c@example.org", "deferred", 451, "4.3.0", "try later", "cc")
+    bounced = Recipient("c@example.org", "failed", 550, "5.1.1", "no such user", "cc")
+    gone = Recipient("c@example.org", "suppressed", None, None, "on the list", "cc")
+    kinds = [
+        ("sent", ((0, sent), (1, replace(sent, address="c@example.org", kind="cc"))), None, 0),
+        ("partially_sent", ((0, sent), (1, bounced)), None, 0),
+        ("deferred", ((0, later),), 5 * day, 0),
+        ("failed", ((0, replace(bounced, address="b@example.org")), (1, bounced)), None, 0),
+        ("sent", ((0, sent), (1, gone)), None, 1),
+        ("deferred", (), 3 * day, 0),  # the relay never answered: it waits for the relay
+        ("sent", ((0, sent),), None, 0),
+        ("failed", ((1, bounced),), None, 0),
+    ]
+
+    def attempts(first: int) -> list[Attempted]:
+        return [
+            Attempted(
+                claimed[f"em_{first + n}"], status, recipients, 2.5 * day, due_at,
+                None if status == "sent" else "why", refunded, relay_unreached=not recipients,
+            )
+            for n, (status, recipients, due_at, refunded) in enumerate(kinds)
+        ]  # fmt: skip
+
+    store.write(lambda tx: tx.finish_attempts("me", attempts(0)))
+    for attempt in attempts(8):
+        store.write(lambda tx, a=attempt: tx.finish_attempts("me", [a]))
+    reads = store.reads
+    for n in range(8):
+        run, one = reads.get_email(owner, f"em_{n}"), reads.get_email(owner, f"em_{n + 8}")
+        assert run.status == one.status == kinds[n][0]
+        assert (run.due_at, run.sent_at, run.last_error, run.charged, run.attempts) == (
+            one.due_at, one.sent_at, one.last_error, one.charged, one.attempts
+        )  # fmt: skip
+        assert run.recipients == one.recipients
+        assert run.recipients[1].kind == "cc" and run.recipients[1].address == "c@example.org"
+        events = reads.email_events([run.seq, one.seq])
+        assert [(e.type, e.detail) for e in events[run.seq]] == [
+            (e.type, e.detail) for e in events[one.seq]
+        ]
+    assert reads.get_email(owner, "em_0").sent_at == 2.5 * day
+    assert reads.get_email(owner, "em_2").sent_at is None
+    assert reads.get_email(owner, "em_4").charged == 1
+    assert reads.get_account(owner).credits == 100 + 2  # two refunds, one each
+    assert reads.daily_outcomes(owner, 0.0, 3)[2] == {"sent": 8, "failed": 4}  # partly: sent
+    # The relay never answered the sixth: it waits for the relay, and its twin too.
+    assert store.write(lambda tx: tx.due_again_after_outage(4 * day, 100)) == 2
+    # Statements: as many for a run of eight as for one.
+    store.write(
+        lambda tx: [
+            tx.enqueue_email(new_email(f"em_more_{n}", owner, "a@verified.test")) for n in range(9)
+        ]
+    )
+    more = store.write(lambda tx: tx.claim_due("me", 6 * day, 1e9, 9))
+    assert {e.id for e in more} == {f"em_more_{n}" for n in range(9)}
+    sent_each = [Attempted(e, "sent", ((0, sent),), 6 * day, None, None) for e in more]
+    ran = [
+        store.write(lambda tx, r=r: _record_counted(tx, "me", r))
+        for r in (sent_each[:8], sent_each[8:])
+    ]
+    assert ran[0] == ran[1] <= 4, f"a run of 8 took {ran[0]} statements; of one, {ran[1]}"
+    assert reads.daily_outcomes(owner, 6 * day, 1) == [{"sent": 9}]
+    # Again, but one of the run's leases was taken over: nothing of the run is kept.
+    mine = {}
+    for email_id, lease in (("em_taken", 60.0), ("em_late", 1e9)):
+        store.write(lambda tx, i=email_id: tx.enqueue_email(new_email(i, owner, "a@verified.test")))
+        [mine[email_id]] = store.write(lambda tx, s=lease: tx.claim_due("me", 10 * day, s, 1))
+    taken = store.write(lambda tx: tx.claim_due("other", 10 * day + 61, 60.0, 100))
+    assert "em_taken" in {e.id for e in taken} and "em_late" not in {e.id for e in taken}
+    run = [Attempted(mine[i], "sent", ((0, sent),), 10 * day, None, None) for i in sorted(mine)]
+    with pytest.raises(LeaseLost) as lost:
+        store.write(lambda tx: tx.finish_attempts("me", run))
+    assert set(lost.value.email_ids) == {"em_late", "em_taken"}
+    assert {reads.get_email(owner, i).status for i in mine} == {"sending"}
+    assert reads.get_email(owner, "em_late").due_at == 10 * day + 1e9  # still its lease
+    assert reads.daily_outcomes(owner, 9 * day, 2)[1] == {}
 
 
 def test_charges_to_a_bucket_all_count_and_leave_it_below_empty_only_where_owed(stores):

@@ -40,6 +40,7 @@ from ..queues.leased import LeasedPool
 from ..settings import Settings
 from ..store import (
     Attachment,
+    Attempted,
     EmailRecord,
     LeaseLost,
     Recipient,
@@ -218,8 +219,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         go_on = not unsent and attempts[-1].relay_took_it
 
         def record(tx: Writes) -> list[Claimed]:
-            for attempt in attempts:
-                attempt.write(tx, self.owner)
+            _write(tx, attempts, self.owner)
             if unsent:
                 self.give_back(tx, unsent)
             return self.claim_next(tx, self.run_length) if go_on else []
@@ -252,7 +252,7 @@ class DeliveryPool(LeasedPool[Claimed]):
 
     def _record_alone(self, attempt: _Attempt) -> bool:
         try:
-            self.record(lambda tx: attempt.write(tx, self.owner))
+            self.record(lambda tx: _write(tx, [attempt], self.owner))
         except LeaseLost:
             _lease_lost(attempt)
             return False
@@ -340,25 +340,19 @@ class _Attempt:
     #: The relay took it for every recipient (nothing recorded of it changes what comes next).
     relay_took_it: bool
 
-    def write(self, tx: Writes, owner: str) -> None:
-        """Record the outcome, with its events, if ``owner`` still holds the lease.
-        :raises LeaseLost: it does not (on PostgreSQL, at the job's end)."""
-        email, decision, now = self.email, self.decision, self.now
-        tx.finish_attempt(
-            email,
-            owner,
+    def recorded(self) -> Attempted:
+        """What the store records of it."""
+        decision = self.decision
+        return Attempted(
+            self.email,
             decision.status,
-            decision.recipients,
-            now,
+            tuple(decision.recipients),
+            self.now,
             decision.due_at,
             decision.last_error,
             self.refunded,
-            relay_unreached=self.relay_unreached,
+            self.relay_unreached,
         )
-        for address, detail in self.hard_bounces:
-            tx.add_suppression(email.account_id, address, statuses.BOUNCED, email.id, detail, now)
-        if self.events:
-            tx.add_webhook_events(email.account_id, email.seq, self.events, now)
 
     def report(self) -> None:
         """Count and log the recorded attempt."""
@@ -380,6 +374,18 @@ class _Attempt:
                 ],
             },
         )
+
+
+def _write(tx: Writes, attempts: Sequence[_Attempt], owner: str) -> None:
+    """Record the attempts' outcomes, with their events, if ``owner`` still holds every one's
+    lease. :raises LeaseLost: it does not (on PostgreSQL, at the job's end)."""
+    tx.finish_attempts(owner, [attempt.recorded() for attempt in attempts])
+    for attempt in attempts:
+        email, now = attempt.email, attempt.now
+        for address, detail in attempt.hard_bounces:
+            tx.add_suppression(email.account_id, address, statuses.BOUNCED, email.id, detail, now)
+        if attempt.events:
+            tx.add_webhook_events(email.account_id, email.seq, attempt.events, now)
 
 
 def _lease_lost(attempt: _Attempt) -> None:

@@ -23,6 +23,7 @@ from .records import (
     Account,
     ApiKey,
     Attachment,
+    Attempted,
     Caller,
     DashboardSession,
     Domain,
@@ -67,11 +68,17 @@ class CreditExhausted(Exception):
 
 class LeaseLost(Exception):
     """The email's lease is no longer the attempt's owner's (it ran out, and another took the
-    email over): the attempt's outcome is not recorded, nor anything else of its job."""
+    email over): the attempt's outcome is not recorded, nor anything else of its job. (Of a
+    run's emails, all are named: the job does not say which.)"""
 
-    def __init__(self, email_id: str) -> None:
-        super().__init__(f"email {email_id}: lease lost")
-        self.email_id = email_id
+    def __init__(self, *email_ids: str) -> None:
+        named = (
+            f"email {email_ids[0]}"
+            if len(email_ids) == 1
+            else f"one of emails {', '.join(email_ids)}"
+        )
+        super().__init__(f"{named}: lease lost")
+        self.email_ids = email_ids
 
 
 class TokenExhausted(Exception):
@@ -462,15 +469,20 @@ class Writes(Reads, Protocol):
         refunded: int = 0,
         relay_unreached: bool = False,
     ) -> None:
-        """Record an attempt's outcome of ``email`` (as claimed), and its events, only if
-        ``owner`` still holds the lease: :class:`LeaseLost` refuses the job when it lost it
-        (raised here, or, where statements wait, by the statement that next waits for an
-        answer, or the commit), and nothing of the job is kept. ``refunded`` credit (recipients
-        suppressed since acceptance) goes back to the account. A final ``sent``,
-        ``partially_sent`` or ``failed`` adds one to the account's count for the day of ``now``
-        (see :meth:`Reads.daily_outcomes`). An email deferred by an attempt that could not
-        reach the relay (``relay_unreached``) waits for the relay (see
-        :meth:`due_again_after_outage`); any other outcome ends that."""
+        """:meth:`finish_attempts` of one attempt."""
+        ...
+
+    def finish_attempts(self, owner: str, attempts: Sequence[Attempted]) -> None:
+        """Record the outcomes of attempts (of emails as claimed), and their events, only if
+        ``owner`` still holds every one's lease: :class:`LeaseLost` refuses the job when it
+        lost one (raised here, or, where statements wait, by the statement that next waits
+        for an answer, or the commit), and nothing of the job is kept. An attempt's
+        ``refunded`` credit (recipients suppressed since acceptance) goes back to the account.
+        A final ``sent``, ``partially_sent`` or ``failed`` adds one to the account's count for
+        the day of its ``now`` (see :meth:`Reads.daily_outcomes`). An email deferred by an
+        attempt that could not reach the relay (``relay_unreached``) waits for the relay (see
+        :meth:`due_again_after_outage`); any other outcome ends that. However many attempts,
+        a handful of statements: a run of deliveries costs the store little more than one."""
         ...
 
     def due_again_after_outage(self, now: float, limit: int) -> int:

@@ -45,15 +45,19 @@ class HistoryVerbs:
         self, email_seq: int, at: float, events: Sequence[tuple[str, dict[str, Any] | None]]
     ) -> None:
         """Add events, in order, to an email's timeline, in one statement."""
-        values: list[Any] = []
-        for type, detail in events:
-            encoded = json.dumps(detail) if detail is not None else None
-            values += [email_seq, at, type, self.dialect.json_param(encoded) if encoded else None]
+        values = [v for type, detail in events for v in self.event_row(email_seq, at, type, detail)]
         self.run(
             "INSERT INTO events (email_seq, at, type, detail) VALUES "
             + ", ".join(["(?, ?, ?, ?)"] * len(events)),
             values,
         )
+
+    def event_row(
+        self, email_seq: int, at: float, type: str, detail: dict[str, Any] | None
+    ) -> tuple[Any, ...]:
+        """A row of ``events (email_seq, at, type, detail)``."""
+        encoded = json.dumps(detail) if detail is not None else None
+        return (email_seq, at, type, self.dialect.json_param(encoded) if encoded else None)
 
     def with_recipients(self, rows: Sequence[Sequence[Any]]) -> list[EmailRecord]:
         """Email records for rows of :data:`EMAIL_COLUMNS`, with their recipients in order,
@@ -190,22 +194,24 @@ class HistoryVerbs:
         rows = self.connection.execute("SELECT status, count(*) FROM emails GROUP BY status")
         return {status: count for status, count in rows}
 
-    def count_outcome(self, account_id: str, at: float, outcome: str, shard: int) -> None:
-        """Add one to the account's count of ``outcome`` on the day of ``at`` (in the writer's
-        transaction, beside the change it counts). Where contended rows are held back for the
-        commit, so are the counts: one statement a count of the transaction (on the shard of
-        the first thing it counted), sent in the order of their rows, so that transactions
-        that count several (a run of deliveries) lock them in one order and never wait on each
-        other in a circle."""
+    def count_outcome(
+        self, account_id: str, at: float, outcome: str, shard: int, count: int = 1
+    ) -> None:
+        """Add ``count`` to the account's count of ``outcome`` on the day of ``at`` (in the
+        writer's transaction, beside the change it counts). Where contended rows are held back
+        for the commit, so are the counts: one statement a count of the transaction (on the
+        shard of the first thing it counted), sent in the order of their rows, so that
+        transactions that count several (a run of deliveries) lock them in one order and never
+        wait on each other in a circle."""
         key = (account_id, int(at // 86400), outcome)
         if not self.dialect.holds_back_contended:
-            self.run(*_count_statement(key, shard, 1))
+            self.run(*_count_statement(key, shard, count))
             return
         held = self.held_counts.get(key)
         if held is None:
-            self.held_counts[key] = [shard, 1]
+            self.held_counts[key] = [shard, count]
         else:
-            held[1] += 1
+            held[1] += count
 
     def held_count_statements(self) -> list[tuple[str, tuple[Any, ...]]]:
         """The counts held back for the commit, as statements, in the order of their rows."""

@@ -8,6 +8,7 @@ reason, so an email whose sender died is taken over once its lease runs out.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -15,7 +16,7 @@ from .. import statuses
 from .accounts import CREDITS_CHECK
 from .contract import CreditExhausted, LeaseLost
 from .history import EMAIL_COLUMNS, HistoryVerbs
-from .records import Attachment, EmailRecord, NewEmail, Recipient
+from .records import Attachment, Attempted, EmailRecord, NewEmail, Recipient
 from .sql import Contended, marks
 
 #: The columns an accepted email is inserted with.
@@ -33,11 +34,40 @@ def _chunks(items: Sequence[Item], size: int) -> list[Sequence[Item]]:
     return [items[start : start + size] for start in range(0, len(items), size)]
 
 
+def _values(columns: tuple[tuple[str, str], ...], rows: int) -> str:
+    """``WITH v (...) AS (VALUES ...)``: ``rows`` rows of parameters of these named, typed
+    columns (typed, as PostgreSQL cannot tell a NULL's type in a list of values)."""
+    row = "(" + ", ".join(f"CAST(? AS {kind})" for _, kind in columns) + ")"
+    names = ", ".join(name for name, _ in columns)
+    return f"WITH v ({names}) AS (VALUES {', '.join([row] * rows)}) "
+
+
+#: The values of each email of a run that :meth:`QueueVerbs.finish_attempts` records.
+_EMAIL_OUTCOME = (
+    ("seq", "BIGINT"),
+    ("status", "TEXT"),
+    ("due_at", "DOUBLE PRECISION"),
+    ("last_error", "TEXT"),
+    ("refunded", "BIGINT"),
+    ("sent_at", "DOUBLE PRECISION"),
+    ("waits", "DOUBLE PRECISION"),
+)
+#: The values of each recipient an attempt of the run tried.
+_RECIPIENT_OUTCOME = (
+    ("email_seq", "BIGINT"),
+    ("position", "BIGINT"),
+    ("status", "TEXT"),
+    ("smtp_code", "BIGINT"),
+    ("enhanced_code", "TEXT"),
+    ("reply", "TEXT"),
+)
+
+
 def _domain(email: NewEmail) -> str:
     return email.sender_address.rpartition("@")[2]
 
 
-#: The rule of :meth:`QueueVerbs.finish_attempt`: the owner still holds the email's lease.
+#: The rule of :meth:`QueueVerbs.finish_attempts`: the owner still holds the email's lease.
 LEASE_HELD = "lease_held"
 
 #: The rule of :meth:`QueueVerbs.enqueue_email_or_refuse`: the email's sender domain was
@@ -66,8 +96,8 @@ _COUNTED_AS = {
 
 class QueueVerbs(HistoryVerbs):
     contended: Callable[[Contended], None]
-    refuse_unless: Callable[[str, Any, str, Callable[[], Exception]], None]
-    refuse_unless_changed: Callable[[str, Any, str, Callable[[], Exception]], None]
+    refuse_unless: Callable[..., tuple[str, tuple[Any, ...]]]
+    refuse_unless_changed: Callable[..., None]
 
     def enqueue_email(self, email: NewEmail) -> int | None:
         # The sender domain is checked by the insert itself: one statement, one round trip. Its
@@ -92,18 +122,21 @@ class QueueVerbs(HistoryVerbs):
             if self.enqueue_email(email) is None:
                 raise refusal()
             return
-        # Nothing here waits for an answer: the email's row (inserted only from a verified
-        # sender domain, share-locked as enqueue_email's), the rule that refuses the whole
-        # transaction if it was not, and the rows that hang on it (by the sequence's value in
-        # this session, which is the email's once the rule has passed) go with the COMMIT.
+        # Nothing here waits for an answer: the email's row, inserted only from a verified
+        # sender domain (share-locked as enqueue_email's) and refusing the whole transaction
+        # otherwise, and the rows that hang on it (by the sequence's value in this session,
+        # which is the email's once the insert has passed) go with the COMMIT.
+        verified, params = self.refuse_unless(
+            f"EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
+            f"AND verified_at IS NOT NULL{self.dialect.share_lock})",
+            (email.account_id, _domain(email)),
+            SENDER_VERIFIED,
+            refusal,
+        )
         self.run(
             f"INSERT INTO emails ({_NEW_EMAIL}) SELECT {marks(len(_NEW_EMAIL.split(',')))} "
-            f"WHERE EXISTS (SELECT 1 FROM domains WHERE account_id = ? AND name = ? "
-            f"AND verified_at IS NOT NULL{self.dialect.share_lock})",
-            (*self._email_values(email), email.account_id, _domain(email)),
-        )
-        self.refuse_unless(
-            "EXISTS (SELECT 1 FROM emails WHERE id = ?)", (email.id,), SENDER_VERIFIED, refusal
+            f"WHERE {verified}",
+            (*self._email_values(email), *params),
         )
         self._email_rows([(_SessionsEmail(), email)])
 
@@ -331,47 +364,50 @@ class QueueVerbs(HistoryVerbs):
         refunded: int = 0,
         relay_unreached: bool = False,
     ) -> None:
-        """:param email: the email as claimed (its seq, account and attempt number).
-        :param recipients: ``(position, outcome)`` of each recipient the attempt tried.
-        :param due_at: when to try again; None when the email is final.
-        :param refunded: credit given back (recipients suppressed since the email was accepted).
-        :param relay_unreached: the attempt could not reach the relay at all.
-        """
-        seq = email.seq
-        waits = now if relay_unreached and due_at is not None else None
-        # Written only where the lease is still the owner's, and the job refused if it is not
-        # (on PostgreSQL, with what follows, in one message).
-        self.refuse_unless_changed(
-            "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
-            "charged = charged - ?, sent_at = CASE WHEN ? IN (?, ?) THEN ? ELSE sent_at END, "
-            "waits_for_relay_since = ? WHERE seq = ? AND lease_owner = ?",
-            (
-                status,
-                due_at,
-                last_error,
-                refunded,
-                status,
-                statuses.SENT,
-                statuses.PARTIALLY_SENT,
-                now,
-                waits,
-                seq,
-                owner,
-            ),
-            LEASE_HELD,
-            lambda: LeaseLost(email.id),
+        """See :meth:`Writes.finish_attempt`."""
+        attempt = Attempted(
+            email, status, tuple(recipients), now, due_at, last_error, refunded, relay_unreached
         )
-        if refunded:
-            self._give_credit(email.account_id, refunded)
-        if due_at is None and status in _COUNTED_AS:
-            self.count_outcome(email.account_id, now, _COUNTED_AS[status], seq)
-        recipients = list(recipients)
-        for position, r in recipients:
+        self.finish_attempts(owner, [attempt])
+
+    def finish_attempts(self, owner: str, attempts: Sequence[Attempted]) -> None:
+        """See :meth:`Writes.finish_attempts`. Three statements for the run, each a join of its
+        table with the run's values (the emails, their recipients), or their rows (the
+        events), whatever its length: on PostgreSQL, each statement is work for both
+        processes, and a run of eight made 24."""
+        for run in _chunks(attempts, _MAX_PARAMETERS // len(_EMAIL_OUTCOME)):
+            self._finish_emails(owner, run)
+        refunds: Counter[str] = Counter()
+        counts: dict[tuple[str, int, str], list[int]] = {}  # the first email's seq, the count
+        for a in attempts:
+            refunds[a.email.account_id] += a.refunded
+            if a.due_at is None and a.status in _COUNTED_AS:
+                key = (a.email.account_id, int(a.now // 86400), _COUNTED_AS[a.status])
+                counts.setdefault(key, [a.email.seq, 0])[1] += 1
+        for account_id, refunded in refunds.items():
+            if refunded:
+                self._give_credit(account_id, refunded)
+        for (account_id, day, outcome), (seq, count) in counts.items():
+            self.count_outcome(account_id, day * 86400.0, outcome, seq, count)
+        outcomes = [
+            (a.email.seq, position, r.status, r.smtp_code, r.enhanced_code, r.reply)
+            for a in attempts
+            for position, r in a.recipients
+        ]
+        for chunk in _chunks(outcomes, _MAX_PARAMETERS // len(_RECIPIENT_OUTCOME)):
             self.run(
-                "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
-                "WHERE email_seq = ? AND position = ?",
-                (r.status, r.smtp_code, r.enhanced_code, r.reply, seq, position),
+                _values(_RECIPIENT_OUTCOME, len(chunk))
+                + "UPDATE recipients SET status = v.status, smtp_code = v.smtp_code, "
+                "enhanced_code = v.enhanced_code, reply = v.reply FROM v "
+                "WHERE recipients.email_seq = v.email_seq AND recipients.position = v.position",
+                [value for outcome in chunk for value in outcome],
             )
+        events = [row for a in attempts for row in self._attempt_events(a)]
+        self._insert_rows("events (email_seq, at, type, detail)", events)
+
+    def _attempt_events(self, attempt: Attempted) -> list[tuple[Any, ...]]:
+        """The rows of an attempt's events: the attempt, with each recipient's reply, and the
+        status it left the email in."""
         replies = [
             {
                 "address": r.address,
@@ -380,15 +416,36 @@ class QueueVerbs(HistoryVerbs):
                 "enhancedCode": r.enhanced_code,
                 "reply": r.reply,
             }
-            for _, r in recipients
+            for _, r in attempt.recipients
         ]
-        self.add_events(
-            seq,
-            now,
-            [
-                ("attempt", {"attempt": email.attempts, "recipients": replies}),
-                (status, {"nextAttemptAt": due_at} if due_at else None),
-            ],
+        seq, now, due_at = attempt.email.seq, attempt.now, attempt.due_at
+        return [
+            self.event_row(
+                seq, now, "attempt", {"attempt": attempt.email.attempts, "recipients": replies}
+            ),
+            self.event_row(seq, now, attempt.status, {"nextAttemptAt": due_at} if due_at else None),
+        ]
+
+    def _finish_emails(self, owner: str, attempts: Sequence[Attempted]) -> None:
+        """The emails of the attempts, as their outcomes leave them, where ``owner`` still holds
+        the lease of each: else the job is refused (on PostgreSQL, with what follows, in one
+        message)."""
+        values: list[Any] = []
+        for a in attempts:
+            sent = a.status in (statuses.SENT, statuses.PARTIALLY_SENT)
+            waits = a.now if a.relay_unreached and a.due_at is not None else None
+            values += [a.email.seq, a.status, a.due_at, a.last_error, a.refunded]
+            values += [a.now if sent else None, waits]
+        self.refuse_unless_changed(
+            _values(_EMAIL_OUTCOME, len(attempts))
+            + "UPDATE emails SET status = v.status, due_at = v.due_at, lease_owner = NULL, "
+            "last_error = v.last_error, charged = charged - v.refunded, "
+            "sent_at = COALESCE(v.sent_at, emails.sent_at), waits_for_relay_since = v.waits "
+            "FROM v WHERE emails.seq = v.seq AND emails.lease_owner = ?",
+            (*values, owner),
+            LEASE_HELD,
+            lambda: LeaseLost(*(a.email.id for a in attempts)),
+            rows=len(attempts),
         )
 
     def due_again_after_outage(self, now: float, limit: int) -> int:

@@ -177,6 +177,24 @@ class EmailRecord:
 
 
 @dataclass(frozen=True)
+class Attempted:
+    """One attempt of an email as claimed, sent: what recording it writes."""
+
+    email: EmailRecord
+    status: str
+    #: ``(position, outcome)`` of each recipient the attempt tried.
+    recipients: tuple[tuple[int, Recipient], ...]
+    now: float
+    #: When to try again; None when the email is final.
+    due_at: float | None
+    last_error: str | None
+    #: Credit given back: recipients suppressed since the email was accepted.
+    refunded: int = 0
+    #: The attempt could not reach the relay at all.
+    relay_unreached: bool = False
+
+
+@dataclass(frozen=True)
 class Event:
     at: float
     type: str

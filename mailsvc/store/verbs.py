@@ -68,34 +68,36 @@ class SqlVerbs(
 
     def refuse_unless(
         self, condition: str, params: Any, rule: str, refusal: Callable[[], Exception]
-    ) -> None:
-        """Refuse the transaction with ``refusal()`` unless ``condition`` (SQL) holds now: at
-        once where statements are answered one by one, or, where they wait, with whatever
-        statement or the COMMIT next goes (a check violation named ``rule`` that the writer
-        turns into ``refusal()``). Nothing written after it in the job is kept if it fails."""
-        if not self.dialect.queues_statements:
-            if not self.connection.execute(f"SELECT {condition}", params).fetchone()[0]:
-                raise refusal()
-            return
+    ) -> tuple[str, tuple[Any, ...]]:
+        """Where statements wait: SQL for the WHERE of the statement that needs ``condition``
+        (SQL), and its parameters. It holds where the condition holds, and refuses the
+        transaction with ``refusal()`` where it does not (a check violation named ``rule``
+        that the writer turns into ``refusal()``), with whatever statement or the COMMIT next
+        goes; nothing written after it in the job is kept then."""
         self.refusals[rule] = refusal
-        self.run(f"SELECT mailsvc_refuse(?) WHERE NOT ({condition})", (rule, *params))
+        return f"CASE WHEN {condition} THEN TRUE ELSE mailsvc_refuse(?) END", (*params, rule)
 
     def refuse_unless_changed(
-        self, change: str, params: Any, rule: str, refusal: Callable[[], Exception]
+        self,
+        change: str,
+        params: Any,
+        rule: str,
+        refusal: Callable[[], Exception],
+        rows: int = 1,
     ) -> None:
         """Run ``change`` (an UPDATE) and refuse the transaction with ``refusal()`` unless it
-        changed a row: at once where statements are answered one by one, or, where they wait,
-        with whatever statement or the COMMIT next goes (as :meth:`refuse_unless`). One
-        statement either way: the rows it changes are locked by the change itself."""
+        changed ``rows`` rows: at once where statements are answered one by one, or, where
+        they wait, with whatever statement or the COMMIT next goes (as :meth:`refuse_unless`).
+        One statement either way: the rows it changes are locked by the change itself."""
         if not self.dialect.queues_statements:
-            if self.connection.execute(f"{change} RETURNING 1", params).fetchone() is None:
+            if len(self.connection.execute(f"{change} RETURNING 1", params).fetchall()) < rows:
                 raise refusal()
             return
         self.refusals[rule] = refusal
         self.run(
             f"WITH changed AS ({change} RETURNING 1) SELECT mailsvc_refuse(?) "
-            f"WHERE NOT EXISTS (SELECT 1 FROM changed)",
-            (*params, rule),
+            f"WHERE (SELECT count(*) FROM changed) < ?",
+            (*params, rule, rows),
         )
 
     def refusal_of(self, rule: str | None) -> Exception | None:
