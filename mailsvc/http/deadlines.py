@@ -40,6 +40,12 @@ class Deadline:
                 pass  # closed meanwhile
 
 
+#: How long the watchdog sleeps with nothing to watch, at most. A wait that must end sooner
+#: wakes it; one that need not is looked at when it wakes. (Woken by every new wait instead,
+#: it was woken by nearly every request, as each had ended its wait before the watchdog ran.)
+IDLE_LOOK_SECONDS = 1.0
+
+
 class Watchdog:
     """The thread of this process that ends the waits whose deadline passed (started on first
     use, in the process that uses it)."""
@@ -49,6 +55,8 @@ class Watchdog:
         self._order = itertools.count()
         self._changed = threading.Condition()
         self._pid: int | None = None
+        #: When the watchdog looks next, at the latest (``time.monotonic``).
+        self._looks_at = 0.0
 
     @contextmanager
     def deadline(self, sock: socket.socket | None, at: float) -> Iterator[Deadline]:
@@ -59,7 +67,8 @@ class Watchdog:
             self._ensure_started()
             with self._changed:
                 heapq.heappush(self._waits, (at, next(self._order), watched))
-                if self._waits[0][2] is watched:
+                if at < self._looks_at:
+                    self._looks_at = at
                     self._changed.notify()
         try:
             yield watched
@@ -75,7 +84,7 @@ class Watchdog:
             return
         with self._changed:
             if self._pid != os.getpid():  # a new process: nothing of the parent's is watched
-                self._waits = []
+                self._waits, self._looks_at = [], 0.0
                 thread = threading.Thread(target=self._loop, name="mailsvc-watchdog", daemon=True)
                 thread.start()
                 self._pid = os.getpid()
@@ -83,18 +92,13 @@ class Watchdog:
     def _loop(self) -> None:
         while True:
             with self._changed:
-                while not self._waits:
-                    self._changed.wait()
-                at, _, watched = self._waits[0]
-                if watched.done:
-                    heapq.heappop(self._waits)
-                    continue
-                wait = at - time.monotonic()
-                if wait > 0:
-                    self._changed.wait(wait)
-                    continue
-                heapq.heappop(self._waits)
-                watched.expire()
+                now = time.monotonic()
+                while self._waits and (self._waits[0][2].done or self._waits[0][0] <= now):
+                    _, _, watched = heapq.heappop(self._waits)
+                    if not watched.done:
+                        watched.expire()
+                self._looks_at = self._waits[0][0] if self._waits else now + IDLE_LOOK_SECONDS
+                self._changed.wait(self._looks_at - now)
 
 
 #: The watchdog of this process.
