@@ -33,6 +33,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def another_machine() -> dict[str, str]:
+    """The environment of a process on a machine of its own, as the store sees it: a runtime
+    folder of its own, so that news of new mail reaches it from the others' processes only
+    through the database (on PostgreSQL, ``NOTIFY``), never by a datagram on this machine."""
+    folder = tempfile.mkdtemp(prefix="mailsvc-machine-")  # (private: 0700)
+    return {"XDG_RUNTIME_DIR": folder}
+
+
 def request(
     port: int, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
 ) -> tuple[int, Any]:

@@ -28,7 +28,7 @@ from mailsvc.store.postgres import PostgresStore
 
 from .conftest import VERIFIED, email_body, wait_until
 from .pg_cluster import Cluster, binaries
-from .servers import Gunicorn
+from .servers import Gunicorn, another_machine
 
 # (In CI, the server programs must be there: a test without them fails, it is not skipped.)
 pytestmark = pytest.mark.skipif(
@@ -125,7 +125,9 @@ def start_world(cluster: Cluster, sink: Any, hosts: int, **settings: str) -> Wor
         "MAILSVC_POLL_SECONDS": "0.5",
         **{f"MAILSVC_{name.upper()}": value for name, value in settings.items()},
     }
-    started = [Gunicorn(environment, workers=2).start() for _ in range(hosts)]
+    started = [
+        Gunicorn({**environment, **another_machine()}, workers=2).start() for _ in range(hosts)
+    ]
     return World(cluster, url, store, account["id"], {"Authorization": f"Bearer {key['key']}"},
                  started)  # fmt: skip
 
@@ -263,9 +265,13 @@ def test_connections_terminated_under_load_are_replaced(world, sink):
     assert_nothing_lost_or_sent_twice(world, answers, sink)
 
 
-def test_the_listener_comes_back_and_new_mail_still_wakes_delivery_at_once(cluster):
+def test_the_listener_comes_back_and_new_mail_still_wakes_delivery_at_once(cluster, monkeypatch):
     url = cluster.create_database("listen")
-    listener, announcer = PostgresStore(url), PostgresStore(url)
+    stores = []
+    for _ in range(2):  # on two machines: the news goes by NOTIFY
+        monkeypatch.setenv("XDG_RUNTIME_DIR", another_machine()["XDG_RUNTIME_DIR"])
+        stores.append(PostgresStore(url))
+    listener, announcer = stores
     announcer.reads.get_account("acc_none")  # in use, as a process that queues mail is
     try:
         assert listener.wait_for_mail(1.0)  # made: look now

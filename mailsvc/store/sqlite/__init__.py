@@ -8,7 +8,7 @@ file beside the database, taken before ``BEGIN IMMEDIATE``: a waiting writer sle
 kernel and wakes the moment the lock is free, instead of in SQLite's busy handler, which polls
 in steps of up to 100 ms. Connections are opened lazily, in the process that uses them, and
 never carried across ``fork()``. New mail is announced to the machine's other processes with a
-datagram each (see :mod:`.announcements`).
+datagram each (see :mod:`..announcements`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
+from ..announcements import Announcements
 from ..contract import Reads, Writes, each_read
 from ..outages import FULL, LOW_ON_ROOM, NOT_WRITABLE, WRITE_FAILURES, Conditions
 from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
-from .announcements import Announcements
 from .writer import Writer
 
 Result = TypeVar("Result")
@@ -103,7 +103,7 @@ class SqliteStore:
         self._writer = Writer(
             self._transaction, self._close_writing, lambda waits: self.on_commit(waits)
         )
-        self._announcements = Announcements(self.path)
+        self._announcements = Announcements(Path(f"{self.path}-wake"))
 
     @contextmanager
     def read(self) -> Iterator[Reads]:

@@ -1,25 +1,29 @@
-"""News of new mail between the processes of one machine that share a SQLite file.
+"""News of new mail between the processes of one machine that share a store.
 
-A process that waits for news binds a Unix datagram socket in the folder ``<database>-wake``
-beside the file, named by its pid and a random part (a new process never takes a dead one's
-name). An announcement is one empty datagram sent, without waiting, to every other socket
-there: a full queue means that process has news waiting already; a socket nobody holds any
-longer (a process killed) is removed. The folder is listed again only when it changed.
+A process that waits for news binds a Unix datagram socket in a folder of the store's (SQLite:
+``<database>-wake`` beside the file; PostgreSQL: one in a private folder of the user's, see
+:func:`private_folder`), named by its pid and a random part (a new process never takes a dead
+one's name). An announcement is one empty datagram sent, without waiting, to every other
+socket there: a full queue means that process has news waiting already; a socket nobody holds
+any longer (a process killed) is removed. The folder is listed again only when it changed.
 
 A path too long for a socket's address (108 bytes) is reached through the folder's
 ``/proc/self/fd`` entry; where that cannot be bound either, the process is told so once and
-finds mail by polling, as before announcements.
+finds mail by polling (on PostgreSQL, by ``NOTIFY``), as before announcements.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import secrets
 import select
 import socket
+import stat
+import tempfile
 import threading
 from pathlib import Path
 
@@ -31,11 +35,32 @@ _LONGEST_ADDRESS = 100
 _DRAIN = 64
 
 
-class Announcements:
-    """The announcements of the database at ``database``'s path."""
+def private_folder(identity: str) -> Path | None:
+    """A folder for the announcements of a store known by ``identity`` (a database's URL
+    without its password), where only this user's processes reach: in ``$XDG_RUNTIME_DIR``,
+    else in ``mailsvc-<uid>`` in the temporary folder, made private (0700) if new. None where
+    that is not private (made by another user, or open to others): the process then announces
+    only by the store's own means."""
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    root = Path(runtime) if runtime else Path(tempfile.gettempdir()) / f"mailsvc-{os.getuid()}"
+    try:
+        if not runtime:
+            root.mkdir(mode=0o700, exist_ok=True)
+        found = os.stat(root, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
+        log.warning("store: %s is not private to this user; no announcements through it", root)
+        return None
+    return root / f"mailsvc-{digest}-wake"
 
-    def __init__(self, database: Path) -> None:
-        self.folder = Path(f"{database}-wake")
+
+class Announcements:
+    """The announcements between the processes whose sockets are in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
         self._lock = threading.Lock()
         #: This process's socket, its name, and the pid that bound it (none carried by fork).
         self._listening: tuple[socket.socket, str, int] | None = None
@@ -45,6 +70,7 @@ class Announcements:
         self._names: list[str] = []
         self._listed: int | None = None
         self._cannot = False
+        self._tag: str | None = None
 
     # -- announcing ------------------------------------------------------------------------
 
@@ -75,9 +101,33 @@ class Announcements:
     def _others(self) -> list[str]:
         mine = self._listening[1] if self._listening is not None else None
         try:
-            return [entry.name for entry in os.scandir(self.folder) if entry.name != mine]
+            return [
+                entry.name
+                for entry in os.scandir(self.folder)
+                if entry.name != mine and not entry.name.startswith(".")
+            ]
         except OSError:
             return []
+
+    def tag(self) -> str | None:
+        """What names this folder, and so this machine's processes on the store, among every
+        host's (a random word the first process to ask writes there); None if it cannot."""
+        if self._tag is None:
+            path = self.folder / ".tag"
+            try:
+                self.folder.mkdir(exist_ok=True)
+                made = self.folder / f".tag-{os.getpid()}-{secrets.token_hex(4)}"
+                made.write_text(secrets.token_hex(8))
+                try:
+                    os.link(made, path)  # the first one's stands
+                except FileExistsError:
+                    pass
+                finally:
+                    made.unlink()
+                self._tag = path.read_text().strip() or None
+            except OSError:
+                return None
+        return self._tag
 
     def _sending_socket(self) -> socket.socket:
         if self._sender is None or self._sender[1] != os.getpid():
@@ -94,23 +144,36 @@ class Announcements:
         announced before is looked for now); False at once where nothing can be bound."""
         listening = self._listening
         if listening is None or listening[2] != os.getpid():
-            if self._cannot:
-                return False
-            self._listen()
-            return True
-        receiver = listening[0]
+            return self.receiver() is not None
         try:
-            ready, _, _ = select.select([receiver], [], [], timeout)
+            ready, _, _ = select.select([listening[0]], [], [], timeout)
         except (OSError, ValueError):  # closed meanwhile (the store shut down)
             return False
-        if not ready:
+        return bool(ready) and self.drained()
+
+    def receiver(self) -> socket.socket | None:
+        """This process's socket, bound at the first call; None where none can be."""
+        listening = self._listening
+        if listening is None or listening[2] != os.getpid():
+            if self._cannot:
+                return None
+            self._listen()
+            listening = self._listening
+        return None if listening is None else listening[0]
+
+    def drained(self) -> bool:
+        """Whether news had come: what waits on this process's socket, read."""
+        listening = self._listening
+        if listening is None:
             return False
+        came = False
         for _ in range(_DRAIN):
             try:
-                receiver.recv(1, socket.MSG_DONTWAIT)
+                listening[0].recv(1, socket.MSG_DONTWAIT)
             except OSError:
                 break
-        return True
+            came = True
+        return came
 
     def _listen(self) -> None:
         name = f"{os.getpid()}-{secrets.token_hex(4)}"
