@@ -810,7 +810,9 @@ def test_a_run_of_outcomes_is_recorded_as_each_alone_would_be(stores):
     assert reads.daily_outcomes(owner, 0.0, 3)[2] == {"sent": 8, "failed": 4}  # partly: sent
     # The relay never answered the sixth: it waits for the relay, and its twin too.
     assert store.write(lambda tx: tx.due_again_after_outage(4 * day, 100)) == 2
-    # Statements: as many for a run of eight as for one.
+    # Statements: on PostgreSQL, as many for a run of eight as for one (each is work for the
+    # server); on SQLite, the emails' and their recipients' a row each (a join costs more
+    # there), the run's events and its counts in one each.
     store.write(
         lambda tx: [
             tx.enqueue_email(new_email(f"em_more_{n}", owner, "a@verified.test")) for n in range(9)
@@ -823,7 +825,10 @@ def test_a_run_of_outcomes_is_recorded_as_each_alone_would_be(stores):
         store.write(lambda tx, r=r: _record_counted(tx, "me", r))
         for r in (sent_each[:8], sent_each[8:])
     ]
-    assert ran[0] == ran[1] <= 4, f"a run of 8 took {ran[0]} statements; of one, {ran[1]}"
+    if store.backend == "postgresql":
+        assert ran[0] == ran[1] <= 4, f"a run of 8 took {ran[0]} statements; of one, {ran[1]}"
+    else:
+        assert ran[0] - 2 == 8 * (ran[1] - 2), f"a run of 8: {ran[0]} statements; one: {ran[1]}"
     assert reads.daily_outcomes(owner, 6 * day, 1) == [{"sent": 9}]
     # Again, but one of the run's leases was taken over: nothing of the run is kept.
     mine = {}
@@ -835,7 +840,7 @@ def test_a_run_of_outcomes_is_recorded_as_each_alone_would_be(stores):
     run = [Attempted(mine[i], "sent", ((0, sent),), 10 * day, None, None) for i in sorted(mine)]
     with pytest.raises(LeaseLost) as lost:
         store.write(lambda tx: tx.finish_attempts("me", run))
-    assert set(lost.value.email_ids) == {"em_late", "em_taken"}
+    assert "em_taken" in lost.value.email_ids  # (on PostgreSQL, with the run's others)
     assert {reads.get_email(owner, i).status for i in mine} == {"sending"}
     assert reads.get_email(owner, "em_late").due_at == 10 * day + 1e9  # still its lease
     assert reads.daily_outcomes(owner, 9 * day, 2)[1] == {}

@@ -69,7 +69,7 @@ class CreditExhausted(Exception):
 class LeaseLost(Exception):
     """The email's lease is no longer the attempt's owner's (it ran out, and another took the
     email over): the attempt's outcome is not recorded, nor anything else of its job. (Of a
-    run's emails, all are named: the job does not say which.)"""
+    run recorded in one statement, every email is named: the statement does not say which.)"""
 
     def __init__(self, *email_ids: str) -> None:
         named = (

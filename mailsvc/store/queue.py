@@ -371,12 +371,18 @@ class QueueVerbs(HistoryVerbs):
         self.finish_attempts(owner, [attempt])
 
     def finish_attempts(self, owner: str, attempts: Sequence[Attempted]) -> None:
-        """See :meth:`Writes.finish_attempts`. Three statements for the run, each a join of its
-        table with the run's values (the emails, their recipients), or their rows (the
-        events), whatever its length: on PostgreSQL, each statement is work for both
-        processes, and a run of eight made 24."""
-        for run in _chunks(attempts, _MAX_PARAMETERS // len(_EMAIL_OUTCOME)):
-            self._finish_emails(owner, run)
+        """See :meth:`Writes.finish_attempts`. Where statements wait for the next answer
+        (PostgreSQL), the emails of a run and their recipients are written in a statement
+        each, a join of the table with the run's values: there each statement is work for both
+        processes, and a run of eight made 24. Where each is answered at once (SQLite), and for
+        an email alone, a statement a row: there a join cost twice as much for one email and
+        no less for eight. Either way the events go in one statement, and the credit and the
+        counts in one for each account and each count."""
+        if len(attempts) > 1 and self.dialect.queues_statements:
+            self._finish_together(owner, attempts)
+        else:
+            for attempt in attempts:
+                self._finish_one(owner, attempt)
         refunds: Counter[str] = Counter()
         counts: dict[tuple[str, int, str], list[int]] = {}  # the first email's seq, the count
         for a in attempts:
@@ -389,19 +395,6 @@ class QueueVerbs(HistoryVerbs):
                 self._give_credit(account_id, refunded)
         for (account_id, day, outcome), (seq, count) in counts.items():
             self.count_outcome(account_id, day * 86400.0, outcome, seq, count)
-        outcomes = [
-            (a.email.seq, position, r.status, r.smtp_code, r.enhanced_code, r.reply)
-            for a in attempts
-            for position, r in a.recipients
-        ]
-        for chunk in _chunks(outcomes, _MAX_PARAMETERS // len(_RECIPIENT_OUTCOME)):
-            self.run(
-                _values(_RECIPIENT_OUTCOME, len(chunk))
-                + "UPDATE recipients SET status = v.status, smtp_code = v.smtp_code, "
-                "enhanced_code = v.enhanced_code, reply = v.reply FROM v "
-                "WHERE recipients.email_seq = v.email_seq AND recipients.position = v.position",
-                [value for outcome in chunk for value in outcome],
-            )
         events = [row for a in attempts for row in self._attempt_events(a)]
         self._insert_rows("events (email_seq, at, type, detail)", events)
 
@@ -426,27 +419,72 @@ class QueueVerbs(HistoryVerbs):
             self.event_row(seq, now, attempt.status, {"nextAttemptAt": due_at} if due_at else None),
         ]
 
-    def _finish_emails(self, owner: str, attempts: Sequence[Attempted]) -> None:
-        """The emails of the attempts, as their outcomes leave them, where ``owner`` still holds
-        the lease of each: else the job is refused (on PostgreSQL, with what follows, in one
-        message)."""
-        values: list[Any] = []
-        for a in attempts:
-            sent = a.status in (statuses.SENT, statuses.PARTIALLY_SENT)
-            waits = a.now if a.relay_unreached and a.due_at is not None else None
-            values += [a.email.seq, a.status, a.due_at, a.last_error, a.refunded]
-            values += [a.now if sent else None, waits]
+    def _finish_one(self, owner: str, attempt: Attempted) -> None:
+        """An email and its recipients as the attempt leaves them, where ``owner`` still holds
+        its lease: else the job is refused (on PostgreSQL, with what follows, in one message)."""
+        sent = attempt.status in (statuses.SENT, statuses.PARTIALLY_SENT)
+        waits = attempt.now if attempt.relay_unreached and attempt.due_at is not None else None
+        email = attempt.email
         self.refuse_unless_changed(
-            _values(_EMAIL_OUTCOME, len(attempts))
-            + "UPDATE emails SET status = v.status, due_at = v.due_at, lease_owner = NULL, "
-            "last_error = v.last_error, charged = charged - v.refunded, "
-            "sent_at = COALESCE(v.sent_at, emails.sent_at), waits_for_relay_since = v.waits "
-            "FROM v WHERE emails.seq = v.seq AND emails.lease_owner = ?",
-            (*values, owner),
+            "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
+            "charged = charged - ?, sent_at = COALESCE(?, sent_at), waits_for_relay_since = ? "
+            "WHERE seq = ? AND lease_owner = ?",
+            (
+                attempt.status,
+                attempt.due_at,
+                attempt.last_error,
+                attempt.refunded,
+                attempt.now if sent else None,
+                waits,
+                email.seq,
+                owner,
+            ),
             LEASE_HELD,
-            lambda: LeaseLost(*(a.email.id for a in attempts)),
-            rows=len(attempts),
+            lambda: LeaseLost(email.id),
         )
+        for position, r in attempt.recipients:
+            self.run(
+                "UPDATE recipients SET status = ?, smtp_code = ?, enhanced_code = ?, reply = ? "
+                "WHERE email_seq = ? AND position = ?",
+                (r.status, r.smtp_code, r.enhanced_code, r.reply, email.seq, position),
+            )
+
+    def _finish_together(self, owner: str, attempts: Sequence[Attempted]) -> None:
+        """The emails of the attempts and their recipients as the attempts leave them, in a
+        statement each (as many as the limit on parameters asks), where ``owner`` still holds
+        every email's lease: else the job is refused (on PostgreSQL, with what follows, in one
+        message)."""
+        for run in _chunks(attempts, _MAX_PARAMETERS // len(_EMAIL_OUTCOME)):
+            values: list[Any] = []
+            for a in run:
+                sent = a.status in (statuses.SENT, statuses.PARTIALLY_SENT)
+                waits = a.now if a.relay_unreached and a.due_at is not None else None
+                values += [a.email.seq, a.status, a.due_at, a.last_error, a.refunded]
+                values += [a.now if sent else None, waits]
+            self.refuse_unless_changed(
+                _values(_EMAIL_OUTCOME, len(run))
+                + "UPDATE emails SET status = v.status, due_at = v.due_at, lease_owner = NULL, "
+                "last_error = v.last_error, charged = charged - v.refunded, "
+                "sent_at = COALESCE(v.sent_at, emails.sent_at), waits_for_relay_since = v.waits "
+                "FROM v WHERE emails.seq = v.seq AND emails.lease_owner = ?",
+                (*values, owner),
+                LEASE_HELD,
+                lambda run=run: LeaseLost(*(a.email.id for a in run)),
+                rows=len(run),
+            )
+        outcomes = [
+            (a.email.seq, position, r.status, r.smtp_code, r.enhanced_code, r.reply)
+            for a in attempts
+            for position, r in a.recipients
+        ]
+        for chunk in _chunks(outcomes, _MAX_PARAMETERS // len(_RECIPIENT_OUTCOME)):
+            self.run(
+                _values(_RECIPIENT_OUTCOME, len(chunk))
+                + "UPDATE recipients SET status = v.status, smtp_code = v.smtp_code, "
+                "enhanced_code = v.enhanced_code, reply = v.reply FROM v "
+                "WHERE recipients.email_seq = v.email_seq AND recipients.position = v.position",
+                [value for outcome in chunk for value in outcome],
+            )
 
     def due_again_after_outage(self, now: float, limit: int) -> int:
         # The partial index holds only the emails that wait for the relay: no scan at any size.
