@@ -71,6 +71,7 @@ class Announcements:
         self._listed: int | None = None
         self._cannot = False
         self._tag: str | None = None
+        self._cannot_tag = False
 
     # -- announcing ------------------------------------------------------------------------
 
@@ -112,7 +113,8 @@ class Announcements:
     def tag(self) -> str | None:
         """What names this folder, and so this machine's processes on the store, among every
         host's (a random word the first process to ask writes there); None if it cannot."""
-        if self._tag is None:
+        if self._tag is None and not self._cannot_tag:
+            self._cannot_tag = True  # (asked once: a folder that refuses it refuses it again)
             path = self.folder / ".tag"
             try:
                 self.folder.mkdir(exist_ok=True)
@@ -127,6 +129,7 @@ class Announcements:
                 self._tag = path.read_text().strip() or None
             except OSError:
                 return None
+            self._cannot_tag = self._tag is None
         return self._tag
 
     def _sending_socket(self) -> socket.socket:
