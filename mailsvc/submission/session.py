@@ -49,6 +49,9 @@ _PACE_EVERY = 65536
 #: A path as nearly every client writes it (``<local@domain>``, then its parameters): read
 #: without aiosmtpd's general RFC 5322 parser, which costs a tenth of a millisecond a path.
 _PLAIN_PATH = re.compile(r"\s*<([^<>\s\"(),;:\\\[\]]+@[^<>\s\"(),;:\\\[\]]+)>(.*)", re.S)
+#: The largest message taken on the event loop's thread when its connection is the process's
+#: only one (a larger one's parse would keep a new connection from its greeting for longer).
+_TAKEN_ON_THE_LOOP = 65536
 _CODED = re.compile(r"\d{3}[ -][245]\.\d{1,3}\.\d{1,3}( |$)")
 #: The enhanced code a reply of aiosmtpd's own gets, by its code.
 _ENHANCED = {
@@ -229,7 +232,10 @@ class SubmissionSession(SMTP):
         if reading.refusal is not None:
             reply = self.transactions.refuse(session, envelope, reading.refusal)
         else:
-            reply = await self.transactions.take(session, envelope, raw, reading.eight_bit)
+            alone = len(self.connections.open) == 1 and len(raw) <= _TAKEN_ON_THE_LOOP
+            reply = await self.transactions.take(
+                session, envelope, raw, reading.eight_bit, alone=alone
+            )
         await self.push(reply.lines())
         self._set_post_data_state()
 

@@ -346,14 +346,20 @@ class MailTransactions:
         )
 
     async def take(
-        self, session: Login, envelope: Transaction, raw: bytes, eight_bit: bool
+        self, session: Login, envelope: Transaction, raw: bytes, eight_bit: bool, alone: bool
     ) -> Reply:
-        """The reply to a message whose data arrived whole: queued, or why not."""
+        """The reply to a message whose data arrived whole: queued, or why not. ``alone``: the
+        process serves this connection only, and the event loop has nothing else to do while
+        the message is taken; it is taken on the loop's thread, without the hand-off to a
+        thread and back (a tenth of one connection's time a message)."""
         account = session.sender
         started = time.perf_counter()
         envelope.taking = True
         try:
-            reply, email_id = await self._run(self._take, account, envelope, raw, eight_bit)
+            if alone:
+                reply, email_id = self._take(account, envelope, raw, eight_bit)
+            else:
+                reply, email_id = await self._run(self._take, account, envelope, raw, eight_bit)
         finally:
             envelope.taking = False
             envelope.held.close()
