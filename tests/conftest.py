@@ -75,6 +75,22 @@ class Tenant:
         return {"Authorization": f"Bearer {self.key}"}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def runtime_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The runtime folder of this run's processes (theirs and the servers' they start), made
+    private as a user's is: the sockets of PostgreSQL's announcements, one folder a database,
+    are left in pytest's own temporary folders, not in the user's."""
+    folder = tmp_path_factory.mktemp("runtime")
+    folder.chmod(0o700)
+    before = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(folder)
+    yield
+    if before is None:
+        del os.environ["XDG_RUNTIME_DIR"]
+    else:
+        os.environ["XDG_RUNTIME_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def apps_stopped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every app a test builds is stopped after it (its delivery, its store's connections),
