@@ -215,6 +215,11 @@ def test_each_worker_runs_on_a_core_of_its_own_and_delivery_on_any(served_tenant
     try:
         results = server.many([("POST", "/v1/emails", email_body(), headers)] * 20)
         assert [status for status, _ in results] == [200] * 20  # (every request thread started)
+        # (A worker is listed from its fork, and pins itself a moment after: gunicorn forks the
+        # second up to 0.1 s after the first, which may have answered all 20 by then.)
+        wait_until(
+            lambda: all(len(cores_of(pid)) == 1 for pid in server.worker_pids()), 10, "pinned"
+        )
         workers = server.worker_pids()
         pinned = {pid: cores_of(pid) for pid in workers}
         assert all(len(cores) == 1 for cores in pinned.values()), pinned
@@ -224,6 +229,7 @@ def test_each_worker_runs_on_a_core_of_its_own_and_delivery_on_any(served_tenant
         os.kill(killed, signal.SIGKILL)
         wait_until(lambda: len(set(server.worker_pids()) - set(workers)) == 1, 30, "replaced")
         [replacement] = set(server.worker_pids()) - set(workers)
+        wait_until(lambda: len(cores_of(replacement)) == 1, 10, "the replacement pinned")
         assert cores_of(replacement) == pinned[killed]
     finally:
         log = server.stop()
