@@ -63,6 +63,22 @@ _RECIPIENT_OUTCOME = (
 )
 
 
+def _email_outcome(attempt: Attempted) -> tuple[Any, ...]:
+    """The values of :data:`_EMAIL_OUTCOME` for the attempt's email: a time sent only when
+    it was, a time since which it waits for the relay only when it could not reach it."""
+    sent = attempt.status in (statuses.SENT, statuses.PARTIALLY_SENT)
+    unreached = attempt.relay_unreached and attempt.due_at is not None
+    return (
+        attempt.email.seq,
+        attempt.status,
+        attempt.due_at,
+        attempt.last_error,
+        attempt.refunded,
+        attempt.now if sent else None,
+        attempt.now if unreached else None,
+    )
+
+
 def _domain(email: NewEmail) -> str:
     return email.sender_address.rpartition("@")[2]
 
@@ -422,23 +438,13 @@ class QueueVerbs(HistoryVerbs):
     def _finish_one(self, owner: str, attempt: Attempted) -> None:
         """An email and its recipients as the attempt leaves them, where ``owner`` still holds
         its lease: else the job is refused (on PostgreSQL, with what follows, in one message)."""
-        sent = attempt.status in (statuses.SENT, statuses.PARTIALLY_SENT)
-        waits = attempt.now if attempt.relay_unreached and attempt.due_at is not None else None
         email = attempt.email
+        seq, *outcome = _email_outcome(attempt)
         self.refuse_unless_changed(
             "UPDATE emails SET status = ?, due_at = ?, lease_owner = NULL, last_error = ?, "
             "charged = charged - ?, sent_at = COALESCE(?, sent_at), waits_for_relay_since = ? "
             "WHERE seq = ? AND lease_owner = ?",
-            (
-                attempt.status,
-                attempt.due_at,
-                attempt.last_error,
-                attempt.refunded,
-                attempt.now if sent else None,
-                waits,
-                email.seq,
-                owner,
-            ),
+            (*outcome, seq, owner),
             LEASE_HELD,
             lambda: LeaseLost(email.id),
         )
@@ -455,12 +461,7 @@ class QueueVerbs(HistoryVerbs):
         every email's lease: else the job is refused (on PostgreSQL, with what follows, in one
         message)."""
         for run in _chunks(attempts, _MAX_PARAMETERS // len(_EMAIL_OUTCOME)):
-            values: list[Any] = []
-            for a in run:
-                sent = a.status in (statuses.SENT, statuses.PARTIALLY_SENT)
-                waits = a.now if a.relay_unreached and a.due_at is not None else None
-                values += [a.email.seq, a.status, a.due_at, a.last_error, a.refunded]
-                values += [a.now if sent else None, waits]
+            values = [value for a in run for value in _email_outcome(a)]
             self.refuse_unless_changed(
                 _values(_EMAIL_OUTCOME, len(run))
                 + "UPDATE emails SET status = v.status, due_at = v.due_at, lease_owner = NULL, "
