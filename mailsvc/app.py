@@ -41,6 +41,7 @@ from .api.public import Process, Text
 from .api.writes import Wakers, Written, carry_out
 from .dashboard.site import Dashboard
 from .delivery import DeliveryPool
+from .delivery.backlog import Backlog, Helper
 from .errors import RateLimited, ServiceError, render_error
 from .http import access_log as access
 from .http import idempotency
@@ -124,6 +125,16 @@ class MailService:
         self.delivery.start()
         self.webhooks.start()
         self.purger.start()
+
+    def backlog_helper(self) -> Helper:
+        """This process as a helper of the delivering one (see :mod:`.delivery.backlog`): its
+        own delivery threads, which claim mail only while a backlog drains."""
+        return_path = self.deps.return_path
+        backlog = Backlog(self.store, self.clock)
+        pool = DeliveryPool(
+            self.store, self.settings, self.clock, return_path=return_path, backlog=backlog
+        )
+        return Helper(self.store, pool)
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None:
         """Stop delivery; when graceful, let the SMTP transactions and webhook requests in

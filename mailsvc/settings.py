@@ -331,6 +331,17 @@ SETTINGS: tuple[Setting, ...] = (
         _nice,
     ),
     Setting(
+        "delivery_helpers",
+        1,
+        "Processes beside the one that delivers that help it drain a backlog: they claim mail "
+        "only while at least 64 emails are due and none is being queued (a burst's tail, a "
+        "relay back after an outage), so they never take the cores or the store from the "
+        "processes that take mail, and mail that comes one at a time is the delivering "
+        "process's. They run 19 nice steps down. 0: none. Only with a delivering process "
+        "(MAILSVC_DELIVERY_PROCESS, or more than one MAILSVC_SUBMISSION_PROCESSES).",
+        _non_negative_int,
+    ),
+    Setting(
         "delivery_threads",
         4,
         "Delivery threads of the process that delivers (each worker's, with "

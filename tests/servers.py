@@ -21,6 +21,7 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 #: What the processes that deliver are named (mailsvc/delivery/process.py).
 DELIVERY_PROCESS_NAME = "mailsvc-deliver"
+HELPER_PROCESS_NAME = "mailsvc-backlog"
 #: The PostgreSQL server the tests and benchmarks make their databases on.
 POSTGRES_URL = os.environ.get(
     "MAILSVC_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -189,11 +190,22 @@ class Gunicorn:
                     return supervisor, pid
         return None
 
-    def service_pids(self) -> list[int]:
-        """The processes that do the service's work: the workers and the one that delivers
-        (what the benchmarks count the CPU time of)."""
+    def helper_pids(self) -> list[int]:
+        """The helpers that drain a backlog beside the process that delivers."""
         delivery = self.delivery_pids()
-        return self.worker_pids() + ([delivery[1]] if delivery else [])
+        if delivery is None:
+            return []
+        return [
+            pid
+            for pid, parent in _processes()
+            if parent == delivery[0] and _name(pid) == HELPER_PROCESS_NAME
+        ]
+
+    def service_pids(self) -> list[int]:
+        """The processes that do the service's work: the workers, the one that delivers and
+        its helpers (what the benchmarks count the CPU time of)."""
+        delivery = self.delivery_pids()
+        return self.worker_pids() + ([delivery[1]] if delivery else []) + self.helper_pids()
 
     def gauge(self, name: str, token: str) -> float:
         """A metric's value, as ``GET /metrics`` (with ``MAILSVC_METRICS_TOKEN=token``) says."""

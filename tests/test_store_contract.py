@@ -336,6 +336,24 @@ def test_a_scheduled_email_waits_for_its_time(stores):
     assert store.write(lambda tx: tx.cancel_email(owner, "em_later", 6000.0)) is None
 
 
+def test_the_backlog_counts_what_is_due_up_to_its_least_and_names_the_newest_email(stores):
+    store, owner = stores[0], account(stores[0])
+    sender_domain(store, owner)
+    assert store.reads.backlog(1000.0, 3) == (0, 0)
+    emails = [new_email(f"em_{n}", owner, "a@verified.test") for n in range(5)]
+    seqs = [store.write(lambda tx, e=e: tx.enqueue_email(e)) for e in emails]
+    later = new_email("em_later", owner, "a@verified.test", scheduled_at=5000.0)
+    newest = store.write(lambda tx: tx.enqueue_email(later))
+    assert newest > max(seqs)
+    assert store.reads.backlog(1000.0, 3) == (3, newest)  # counted no further than asked
+    assert store.reads.backlog(1000.0, 100) == (5, newest)  # not the email due at 5000
+    assert store.reads.backlog(5000.0, 100) == (6, newest)
+    claimed = store.write(lambda tx: tx.claim_due("me", 1000.0, 60.0, 2))
+    assert len(claimed) == 2
+    assert store.reads.backlog(1000.0, 100) == (3, newest)  # leased: not due until it ends
+    assert stores[1].reads.backlog(1000.0, 100) == (3, newest)  # (every process sees it)
+
+
 def test_a_cancel_gives_the_credit_back_once(stores):
     store, owner = stores[0], account(stores[0], credits=10)
     sender_domain(store, owner)

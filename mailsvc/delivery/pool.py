@@ -49,6 +49,7 @@ from ..store import (
     Writes,
 )
 from ..webhooks.events import WebhookEvent, after_attempt
+from .backlog import Backlog
 from .outcome import Decision, RetryPolicy, decide, recipient_outcome
 from .smtp import Reply
 from .transport import RelayHealth, RelayUrl, Transport, open_transport
@@ -84,6 +85,8 @@ class DeliveryPool(LeasedPool[Claimed]):
     :param return_path: the envelope sender that names each recipient's message; None for the
         sender's own address.
     :param on_events: called after a job that wrote webhook events (wakes their delivery).
+    :param backlog: for a helper (see :mod:`.backlog`): claim only while it drains, and hear
+        no news (looking every :data:`~.backlog.LOOK_SECONDS` instead).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         transport_factory: Callable[[Settings, RelayHealth], Transport] = open_transport,
         return_path: Callable[[], ReturnPath | None] = lambda: None,
         on_events: Callable[[], None] = lambda: None,
+        backlog: Backlog | None = None,
     ) -> None:
         if settings.smtp_url:
             RelayUrl.parse(settings.smtp_url)  # refuse a bad URL at start-up, not per message
@@ -103,9 +107,10 @@ class DeliveryPool(LeasedPool[Claimed]):
             "sender",
             settings.delivery_threads,
             settings.lease_seconds,
-            settings.poll_seconds,
+            settings.poll_seconds if backlog is None else backlog.look_seconds,
         )
         self.settings = settings
+        self.backlog = backlog
         self.transport_factory = transport_factory
         self.return_path = return_path
         self.on_events = on_events
@@ -128,7 +133,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         #: Outages this process has seen end, and those whose waiting emails it has made due.
         self._outages_ended = 0
         self._outages_done = 0
-        self.hears_all_news = store.announces_mail
+        self.hears_all_news = store.announces_mail and backlog is None
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
@@ -136,7 +141,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         super().wake()
 
     def helpers(self) -> list[Callable[[threading.Event], None]]:
-        return [self._listen_loop] if self.store.announces_mail else []
+        return [self._listen_loop] if self.store.announces_mail and self.backlog is None else []
 
     def _listen_loop(self, stopped: threading.Event) -> None:
         """Wake the claimer as soon as any process or host announces new mail."""
@@ -177,7 +182,12 @@ class DeliveryPool(LeasedPool[Claimed]):
         return batch, next_due
 
     def admits(self, wanted: int) -> tuple[int, float]:
+        if self.backlog is not None and not self.backlog.drains():
+            return 0, self.backlog.next_look()
         return self.relay_health.admits(wanted)
+
+    def keeps_claiming(self) -> bool:
+        return self.backlog is None or self.backlog.draining()
 
     def unclaimed(self, count: int) -> None:
         self.relay_health.unused(count)

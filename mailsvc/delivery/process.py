@@ -10,7 +10,9 @@ gunicorn's master starts a **supervisor** (``MAILSVC_DELIVERY_PROCESS``, see gun
 a small process that forks the delivering one, starts another in its place if it dies, and
 passes a stop on to it. Both are named ``mailsvc-deliver`` (what ``ps -o comm`` and ``top``
 show) and end when their parent does. The supervisor writes the delivering process's pid where
-the workers read it (shared memory), so that their ``/readyz`` says whether delivery runs.
+the workers read it (shared memory), so that their ``/readyz`` says whether delivery runs. It
+also keeps ``MAILSVC_DELIVERY_HELPERS`` helpers running, named ``mailsvc-backlog``: processes
+that deliver only a backlog, while no mail is being queued (see :mod:`.backlog`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ log = logging.getLogger("mailsvc.delivery")
 
 #: The processes' name (at most 15 bytes: the kernel's limit).
 PROCESS_NAME = "mailsvc-deliver"
+#: The helpers' name.
+HELPER_NAME = "mailsvc-backlog"
+#: Nice steps of a helper below the process that forked it: any other work of the machine
+#: comes first.
+HELPER_NICE = 19
+#: The role of the process that delivers.
+DELIVERING = "delivery: its process"
 #: Seconds in-flight deliveries have to finish when the process is stopped.
 GRACEFUL_SECONDS = 30.0
 _PR_SET_PDEATHSIG = 1
@@ -47,6 +56,17 @@ class Service(Protocol):
     def start(self) -> None: ...
 
     def stop(self, graceful: bool = True, timeout: float | None = None) -> None: ...
+
+
+class Helped(Service, Protocol):
+    """The app, which also makes a helper's delivery threads."""
+
+    def backlog_helper(self) -> Service: ...
+
+
+def helper_roles(count: int) -> list[str]:
+    """The roles of ``count`` helpers (what each is called in the log)."""
+    return [f"delivery: backlog helper {number}" for number in range(1, count + 1)]
 
 
 #: ``MAILSVC_DELIVERY_NICE=auto``: on SQLite, the accepts of a busy host come first; on
@@ -63,11 +83,13 @@ def delivery_nice(settings: Settings) -> int:
     return AUTO_NICE["postgresql" if postgres else "sqlite"]
 
 
-def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
+def deliver(
+    make_service: Callable[[], Service], nice: int = 0, what: str = "a process of its own"
+) -> None:
     """Deliver (the threads ``make_service()`` starts: mail's, webhooks', the purge) until
     SIGTERM or SIGINT, then stop gracefully; ``nice`` steps below the process that forked it
     (``MAILSVC_DELIVERY_NICE``), every thread of it (each inherits it from this one, the only
-    thread of a process just forked)."""
+    thread of a process just forked). ``what`` names the process in the log."""
     if nice:
         try:
             os.nice(nice)
@@ -78,14 +100,21 @@ def deliver(make_service: Callable[[], Service], nice: int = 0) -> None:
         signal.signal(signum, lambda signum, frame: stopping.set())
     service = make_service()
     service.start()
-    log.info("delivery: a process of its own, pid %d", os.getpid())
+    log.info("delivery: %s, pid %d", what, os.getpid())
     stopping.wait()
     service.stop(graceful=True, timeout=GRACEFUL_SECONDS)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # its live gauges no longer count
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid())
-    log.info("delivery: stopped")
+    log.info("delivery: %s stopped", what)
+
+
+def help_deliver(make_service: Callable[[], Helped]) -> None:
+    """Deliver a backlog beside the delivering process (see :mod:`.backlog`), as
+    :func:`deliver` does, :data:`HELPER_NICE` steps below the process that forked it."""
+    name_this_process(HELPER_NAME)
+    deliver(lambda: make_service().backlog_helper(), HELPER_NICE, "a helper for a backlog")
 
 
 def fork_child(work: Callable[[], None], what: str) -> int:
@@ -108,44 +137,62 @@ def fork_child(work: Callable[[], None], what: str) -> int:
 
 
 def start_supervisor(
-    make_service: Callable[[], Service], publish: Callable[[int], None], nice: int = 0
+    make_service: Callable[[], Helped],
+    publish: Callable[[int], None],
+    nice: int = 0,
+    helpers: int = 0,
 ) -> int:
     """Fork the supervisor (from a process with no other thread: gunicorn's master, when
     ready); its pid. ``publish`` is called in it with each delivering process's pid, which
-    runs ``nice`` steps below the master (see :func:`deliver`)."""
+    runs ``nice`` steps below the master (see :func:`deliver`); ``helpers`` helpers run beside
+    it (:func:`help_deliver`)."""
 
     def run() -> None:
         name_this_process()
         die_with_parent(signal.SIGTERM)
-        supervise(make_service, publish, nice)
+        supervise(make_service, publish, nice, helpers)
 
     return fork_child(run, "delivery: the supervisor")
 
 
 def supervise(
-    make_service: Callable[[], Service], publish: Callable[[int], None], nice: int = 0
+    make_service: Callable[[], Helped],
+    publish: Callable[[int], None],
+    nice: int = 0,
+    helpers: int = 0,
 ) -> None:
-    """Keep one delivering process running until SIGTERM or SIGINT, then stop it."""
+    """Keep one delivering process, and ``helpers`` helpers, running until SIGTERM or SIGINT,
+    then stop them."""
 
-    def run() -> None:
-        die_with_parent(signal.SIGTERM)
-        deliver(make_service, nice)
+    def spawn(role: str) -> int:
+        def run() -> None:
+            die_with_parent(signal.SIGTERM)
+            if role == DELIVERING:
+                deliver(make_service, nice)
+            else:
+                help_deliver(make_service)
 
-    keep_running(["delivery: its process"], lambda what: fork_child(run, what), started=publish)
+        return fork_child(run, role)
+
+    def started(role: str, pid: int) -> None:
+        if role == DELIVERING:
+            publish(pid)
+
+    keep_running([DELIVERING, *helper_roles(helpers)], spawn, started=started)
     publish(0)
 
 
 def keep_running(
     roles: Sequence[Role],
     spawn: Callable[[Role], int],
-    started: Callable[[int], None] = lambda pid: None,
+    started: Callable[[Role, int], None] = lambda role, pid: None,
     ready: Callable[[], None] = lambda: None,
 ) -> None:
     """A child in each role (``spawn(role)`` forks it: its pid), and another in the same role
     whenever one ends (said, after a pause: :func:`replacing`), until SIGTERM or SIGINT, which
     is passed on to every child; returns once they have all ended. ``started`` is told each
-    child's pid, and ``ready`` called once every role has its first; a role is what its child
-    is called."""
+    child's role and pid, and ``ready`` called once every role has its first; a role is what
+    its child is called."""
     children: dict[int, Role] = {}
     stopping = False
 
@@ -159,7 +206,7 @@ def keep_running(
     def start(role: Role) -> None:
         pid = spawn(role)
         children[pid] = role
-        started(pid)
+        started(role, pid)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -222,8 +269,8 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signum)
 
 
-def name_this_process() -> None:
-    """``mailsvc-deliver`` in ``ps -o comm``, ``top`` and /proc/PID/comm."""
+def name_this_process(name: str = PROCESS_NAME) -> None:
+    """``name`` (``mailsvc-deliver``) in ``ps -o comm``, ``top`` and /proc/PID/comm."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, PROCESS_NAME.encode())
+        libc.prctl(_PR_SET_NAME, name.encode())

@@ -129,6 +129,11 @@ class LeasedPool(Generic[Item]):
         be down), and when none, the monotonic time to ask again."""
         return wanted, 0.0
 
+    def keeps_claiming(self) -> bool:
+        """Whether a worker's outcome may claim its next run (what :meth:`admits` said last,
+        without asking again: the question is asked in a job of the store's writer)."""
+        return True
+
     def unclaimed(self, count: int) -> None:
         """``count`` of the pieces :meth:`admits` let through were not there to claim."""
 
@@ -148,7 +153,7 @@ class LeasedPool(Generic[Item]):
         """In the job that records a worker's outcomes: lease the worker its next run of up to
         ``count`` pieces, so that it goes on without waiting for the claimer (one transaction,
         not two, a run). Nothing while the pool is stopping, or when nothing is due."""
-        if not self._running or self._nothing_new():
+        if not self._running or self._nothing_new() or not self.keeps_claiming():
             return []
         news = self._news
         batch, next_due = self.claim(tx, wanted=count)

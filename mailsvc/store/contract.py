@@ -244,6 +244,12 @@ class Reads(Protocol):
         only: a scrape costs the same with a million emails stored)."""
         ...
 
+    def backlog(self, now: float, least: int) -> tuple[int, int]:
+        """How many emails are due at ``now``, counted up to ``least`` (no more is read), and
+        the newest email's sequence number (0 when there is none): a number that changes
+        whenever an email is queued anywhere. By indexes only, whatever the store holds."""
+        ...
+
 
 class Writes(Reads, Protocol):
     """What may be written, inside one transaction of :meth:`Store.write`. A verb that raises

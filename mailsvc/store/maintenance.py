@@ -44,6 +44,16 @@ class OperationVerbs:
             float(oldest[0]) if oldest else None
         )
 
+    def backlog(self, now: float, least: int) -> tuple[int, int]:
+        """Emails due at ``now``, counted up to ``least``; and the newest email's sequence
+        number (0: none), which grows with every email queued."""
+        due = self.connection.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM emails WHERE due_at <= ? LIMIT ?) AS due",
+            (now, least),
+        ).fetchone()
+        newest = self.connection.execute("SELECT max(seq) FROM emails").fetchone()
+        return int(due[0]), int(newest[0] or 0)
+
     def take_turn(self, name: str, owner: str, now: float, until: float) -> bool:
         """Take the turn ``name`` until ``until`` if nobody holds it (or ``owner`` does), in
         one statement: of processes and hosts asking at once, one gets it."""

@@ -34,6 +34,8 @@ from ..delivery.process import (
     delivery_nice,
     die_with_parent,
     fork_child,
+    help_deliver,
+    helper_roles,
     keep_running,
     name_this_process,
 )
@@ -230,18 +232,22 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             if isinstance(role, _Taking):
                 cores.pin(role.core)
                 SubmissionServer(settings, address, sock=listening, delivers=False).serve()
-            else:
+            elif role == _DELIVERING:
                 listening.close()
                 name_this_process()
                 deliver(lambda: MailService(settings), delivery_nice(settings))
+            else:
+                listening.close()
+                help_deliver(lambda: MailService(settings))
 
         return fork_child(run, str(role))
 
     def ready() -> None:
         log.info(
-            "SMTP submission: %d processes on %s and one that delivers, pid %d",
+            "SMTP submission: %d processes on %s, one that delivers and %d helpers, pid %d",
             count,
             address,
+            settings.delivery_helpers,
             os.getpid(),
         )
         _notify_systemd("READY=1")
@@ -253,7 +259,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
     for _ in range(count):
         core = cores.next_core(usable, [other.core for other in taking], start=os.getpid())
         taking.append(_Taking(core))
-    roles: list[_Taking | str] = [*taking, _DELIVERING]
+    roles: list[_Taking | str] = [*taking, _DELIVERING, *helper_roles(settings.delivery_helpers)]
     keep_running(roles, spawn, ready=ready)
     _notify_systemd("STOPPING=1")
     listening.close()
