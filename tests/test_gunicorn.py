@@ -143,7 +143,8 @@ def test_a_graceful_stop_stops_the_delivering_process_after_the_workers(served_t
     results = server.many([("POST", "/v1/emails", email_body(), headers)] * 20)
     log = server.stop()  # SIGTERM to the master
     assert server.process.returncode == 0
-    assert "delivery: stopped" in log
+    assert "delivery: a process of its own stopped" in log
+    assert "delivery: a helper for a backlog stopped" in log
     for pid in (supervisor, delivering):
         assert not Path(f"/proc/{pid}").exists()
     accepted = {f"<{body['id']}@{VERIFIED}>" for _, body in results}
@@ -202,6 +203,49 @@ def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
         finally:
             log = server.stop()
         assert "Traceback" not in log
+
+
+def test_a_helper_drains_a_backlog_beside_the_delivering_process(served_tenant, sink):
+    """MAILSVC_DELIVERY_HELPERS (1 by default): the supervisor keeps a helper running, 19 nice
+    steps below the master. A backlog queued while the delivering process was stopped is
+    drained by the helper but for fewer than 64 emails (its least), which the delivering
+    process sends once it runs again: each email once. Killed, the helper is replaced; with
+    the setting at 0 there is none."""
+    path, _, _, headers = served_tenant
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=2)
+    server.start()
+    try:
+        wait_until(lambda: len(server.helper_pids()) == 1, 10, "the helper")
+        [helper] = server.helper_pids()
+        wait_until(lambda: niceness_of(helper) == {min(19, own + 19)}, 10, "19 steps down")
+        _, delivering = server.delivery_pids()
+        os.kill(delivering, signal.SIGSTOP)
+        results = server.many([("POST", "/v1/emails", email_body(), headers)] * 150)
+        accepted = {f"<{body['id']}@{VERIFIED}>" for _, body in results}
+        assert len(accepted) == 150
+        sink.wait_for(150 - 63, timeout=30)  # by the helper alone
+        os.kill(delivering, signal.SIGCONT)
+        wait_until(lambda: accepted <= {m.message_id for m in sink.messages}, 30, "delivered")
+        assert Counter(m.message_id for m in sink.messages) == Counter(dict.fromkeys(accepted, 1))
+
+        os.kill(helper, signal.SIGKILL)
+        wait_until(lambda: server.helper_pids() not in ([], [helper]), 10, "replaced")
+        assert server.request("GET", "/readyz")[0] == 200
+    finally:
+        log = server.stop()
+    assert "Traceback" not in log
+    assert "delivery: a helper for a backlog, pid" in log
+    none = Gunicorn(
+        {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, "MAILSVC_DELIVERY_HELPERS": "0"},
+        workers=1,
+    ).start()
+    try:
+        assert none.delivery_pids() is not None
+        time.sleep(1.0)
+        assert none.helper_pids() == []
+    finally:
+        none.stop()
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: nothing to pin")

@@ -107,7 +107,7 @@ def deliver(
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid())
-    log.info("delivery: %s stopped", what)
+    log.info("delivery: %s stopped, pid %d", what, os.getpid())
 
 
 def help_deliver(make_service: Callable[[], Helped]) -> None:

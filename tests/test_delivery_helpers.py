@@ -1,0 +1,186 @@
+"""Delivery helpers (MAILSVC_DELIVERY_HELPERS): a pool that drains a backlog beside the delivering
+process, only while enough mail is due and none is being queued."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import create_app, operator
+from mailsvc.delivery.backlog import Backlog, Helper
+from mailsvc.delivery.pool import DeliveryPool
+
+from .conftest import count_by_status, email_body, make_tenant, wait_until
+
+#: A look at the store this often, in these tests (0.25 s in service).
+LOOK = 0.05
+#: Emails due, at least, for these tests' helpers to claim any.
+LEAST = 8
+
+
+@pytest.fixture
+def accepting(config, clock, sink):
+    """An app that queues mail and delivers none (its delivery is not started), relaying to the
+    sink when it is; with a tenant."""
+    config["smtp_url"] = sink.url
+    app = create_app(config, clock=clock)
+    tenant = make_tenant(app)
+    operator.set_limit(app.store, tenant.id, "send", 100_000)
+    yield app, tenant
+    app.stop(timeout=5)
+
+
+def queue(app, tenant, count: int) -> list[str]:
+    client = Client(app)
+    ids = []
+    for _ in range(count):
+        response = client.post("/v1/emails", json=email_body(), headers=tenant.headers)
+        assert response.status_code == 200, response.get_json()
+        ids.append(response.get_json()["id"])
+    return ids
+
+
+def helper(app) -> tuple[Helper, Counter[str]]:
+    """A helper's pool on the app's store, and what it sent (email ids, counted as it tried
+    each: the pool itself, its ``_attempt`` watched)."""
+    backlog = Backlog(app.store, app.clock, least=LEAST, look_seconds=LOOK)
+    pool = DeliveryPool(
+        app.store, app.settings, app.clock, return_path=app.deps.return_path, backlog=backlog
+    )
+    done: Counter[str] = Counter()
+    attempt = pool._attempt
+
+    def watched(claimed, transport):
+        done[claimed.email.id] += 1
+        return attempt(claimed, transport)
+
+    pool._attempt = watched  # type: ignore[method-assign]
+    return Helper(app.store, pool), done
+
+
+def drained_to_its_least(app, sink, done: Counter[str], ids: list[str]) -> None:
+    """The helper sent every one of ``ids`` but fewer than its least, each once: those are left
+    to the delivering process (there is none here), queued."""
+    sink.wait_for(len(ids) - (LEAST - 1), timeout=60)
+    time.sleep(5 * LOOK)
+    left = count_by_status(app.store).get("queued", 0)
+    assert left < LEAST and sum(done.values()) == len(sink.messages) == len(ids) - left
+    assert set(done) <= set(ids) and set(done.values()) == {1}
+
+
+def test_a_helper_drains_a_backlog_once_nothing_is_being_queued(accepting, sink):
+    app, tenant = accepting
+    ids = queue(app, tenant, 3 * LEAST)
+    working, done = helper(app)
+    working.start()
+    try:
+        sink.wait_for(len(ids), timeout=30)
+        wait_until(lambda: count_by_status(app.store) == {"sent": len(ids)}, 10, "recorded")
+    finally:
+        working.stop(timeout=5)
+    assert done == Counter(dict.fromkeys(ids, 1))
+    assert Counter(m.message_id for m in sink.messages) == Counter(
+        {f"<{email_id}@verified.test>": 1 for email_id in ids}
+    )
+
+
+def test_a_helper_leaves_mail_that_comes_one_at_a_time_to_the_delivering_process(accepting, sink):
+    """Fewer than its least due: the helper claims nothing, however long it looks."""
+    app, tenant = accepting
+    queue(app, tenant, LEAST - 1)
+    working, done = helper(app)
+    working.start()
+    try:
+        time.sleep(20 * LOOK)
+        assert count_by_status(app.store) == {"queued": LEAST - 1}
+        assert not done and not sink.messages
+        queue(app, tenant, 1)  # enough now: drained once its looks see nothing more queued
+        sink.wait_for(LEAST, timeout=30)
+    finally:
+        working.stop(timeout=5)
+
+
+def test_a_helper_claims_nothing_while_mail_is_being_queued(accepting, sink):
+    """A backlog, and an email queued every look: the workers taking mail keep the cores and
+    the store; once mail stops coming, the helper drains all of it."""
+    app, tenant = accepting
+    ids = queue(app, tenant, 2 * LEAST)
+    working, done = helper(app)
+    stop = threading.Event()
+    more: list[str] = []
+
+    def keep_queueing() -> None:
+        while not stop.is_set():
+            more.extend(queue(app, tenant, 1))
+            time.sleep(LOOK / 2)
+
+    queueing = threading.Thread(target=keep_queueing)
+    queueing.start()
+    working.start()
+    try:
+        time.sleep(30 * LOOK)
+        assert not done and not sink.messages
+        assert set(count_by_status(app.store)) == {"queued"}
+        stop.set()
+        queueing.join()
+        drained_to_its_least(app, sink, done, ids + more)
+    finally:
+        stop.set()
+        working.stop(timeout=5)
+
+
+def test_a_helper_draining_stops_claiming_once_mail_is_queued_again(accepting, sink):
+    """Its runs end within a look of mail being queued again (the relay slow: each message 20
+    ms, a run of eight 0.16 s), with the backlog not drained; it drains the rest afterwards."""
+    app, tenant = accepting
+    sink.behaviour.delay_seconds = 0.02
+    ids = queue(app, tenant, 120)
+    working, done = helper(app)
+    stop = threading.Event()
+    more: list[str] = []
+
+    def keep_queueing() -> None:
+        while not stop.is_set():
+            more.extend(queue(app, tenant, 1))
+            time.sleep(LOOK / 2)
+
+    queueing = threading.Thread(target=keep_queueing)
+    working.start()
+    try:
+        wait_until(lambda: sum(done.values()) >= 10, 10, "draining")
+        queueing.start()
+        time.sleep(4 * LOOK + 0.2)  # (a look, and the runs in hand, end)
+        stopped_at = sum(done.values())
+        time.sleep(10 * LOOK)
+        assert sum(done.values()) == stopped_at < len(ids)
+        stop.set()
+        queueing.join()
+        drained_to_its_least(app, sink, done, ids + more)
+    finally:
+        stop.set()
+        working.stop(timeout=5)
+
+
+def test_a_helper_and_the_delivering_process_send_each_email_once(accepting, sink, config, clock):
+    """The delivering process's pool and a helper's on the same backlog (on PostgreSQL, as two
+    hosts' would be): every email is sent once, by one or the other, and both take part."""
+    app, tenant = accepting
+    ids = queue(app, tenant, 300)
+    delivering = create_app({**config, "delivery_threads": 1}, clock=clock)
+    working, done = helper(app)
+    working.start()
+    time.sleep(3 * LOOK)  # (its looks have seen the backlog, and nothing queued since)
+    delivering.start()
+    try:
+        sink.wait_for(len(ids), timeout=60)
+        wait_until(lambda: count_by_status(app.store) == {"sent": len(ids)}, 10, "recorded")
+    finally:
+        working.stop(timeout=5)
+        delivering.stop(timeout=5)
+    sent = Counter(m.message_id for m in sink.messages)
+    assert sent == Counter({f"<{email_id}@verified.test>": 1 for email_id in ids})
+    assert 0 < sum(done.values()) < len(ids)
