@@ -12,6 +12,7 @@ a time is the delivering process's alone, and leaves at once as before.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from typing import Any
 
 from ..queues.leased import LeasedPool
 from ..store import Store, StoreOutage
+
+log = logging.getLogger("mailsvc.delivery")
 
 #: Emails due, at least, for a helper to claim any (a run of each of its threads, twice over:
 #: fewer are the delivering process's to send).
@@ -52,6 +55,8 @@ class Backlog:
         self._newest: int | None = None
         self._draining = False
         self._looked_at = -float("inf")
+        #: The last look failed (said once).
+        self._failing = False
 
     def drains(self) -> bool:
         """Whether to claim now: at the last look, enough was due and nothing had been queued
@@ -75,9 +80,13 @@ class Backlog:
         self._looked_at = time.monotonic()
         try:
             due, newest = self.store.reads.backlog(self.clock(), self.least)
-        except StoreOutage:  # (the delivering process says so; nothing to drain meanwhile)
+        except Exception as exc:  # nothing drained meanwhile; said once, not at every look
             self._draining, self._newest = False, None
+            if not self._failing and not isinstance(exc, StoreOutage):  # (the store says those)
+                log.exception("delivery: a helper cannot look at the queue; it claims nothing")
+            self._failing = True
             return
+        self._failing = False
         quiet = self._newest is not None and newest == self._newest
         self._draining = quiet and due >= self.least
         self._newest = newest
