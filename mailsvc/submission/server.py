@@ -206,6 +206,11 @@ def _notify_systemd(state: str) -> None:
             notify.sendto(state.encode(), address)
 
 
+def _helpers(count: int) -> str:
+    """How many helpers deliver a backlog, in words."""
+    return "no helper" if count == 0 else f"{count} helper{'s' if count > 1 else ''}"
+
+
 def serve(settings: Settings, listen: str | None = None) -> None:
     """Serve SMTP submission with ``MAILSVC_SUBMISSION_PROCESSES`` processes until SIGTERM or
     SIGINT. With more than one, this process binds the socket, forks them (each a
@@ -244,10 +249,10 @@ def serve(settings: Settings, listen: str | None = None) -> None:
 
     def ready() -> None:
         log.info(
-            "SMTP submission: %d processes on %s, one that delivers and %d helpers, pid %d",
+            "SMTP submission: %d processes on %s, one that delivers and %s, pid %d",
             count,
             address,
-            settings.delivery_helpers,
+            _helpers(settings.delivery_helpers),
             os.getpid(),
         )
         _notify_systemd("READY=1")
