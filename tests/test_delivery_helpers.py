@@ -3,6 +3,7 @@ process, only while enough mail is due and none is being queued."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -13,6 +14,7 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.delivery.backlog import Backlog, Helper
 from mailsvc.delivery.pool import DeliveryPool
+from mailsvc.store import open_store
 
 from .conftest import count_by_status, email_body, make_tenant, wait_until
 
@@ -184,3 +186,17 @@ def test_a_helper_and_the_delivering_process_send_each_email_once(accepting, sin
     sent = Counter(m.message_id for m in sink.messages)
     assert sent == Counter({f"<{email_id}@verified.test>": 1 for email_id in ids})
     assert 0 < sum(done.values()) < len(ids)
+
+
+def test_a_look_that_fails_drains_nothing_and_is_said_once(tmp_path, caplog):
+    """A store that cannot be read (here a file that is not a database): the helper claims
+    nothing, says so once however often it looks, and looks again."""
+    broken = tmp_path / "broken.sqlite3"
+    broken.write_bytes(b"not a database, " * 512)
+    store = open_store(str(broken))
+    backlog = Backlog(store, time.time, least=1, look_seconds=0)
+    with caplog.at_level(logging.ERROR, logger="mailsvc.delivery"):
+        assert [backlog.drains() for _ in range(5)] == [False] * 5
+    said = [r for r in caplog.records if "cannot look at the queue" in r.getMessage()]
+    assert len(said) == 1
+    store.shutdown()
