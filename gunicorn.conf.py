@@ -125,7 +125,7 @@ def when_ready(server):
             lambda: MailService(_settings),
             lambda pid: setattr(_DELIVERING, "value", pid),
             delivery_process.delivery_nice(_settings),
-            _settings.delivery_helpers,
+            delivery_process.delivery_helpers(_settings),
         )
 
 

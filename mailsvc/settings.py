@@ -79,6 +79,14 @@ def _nice(value: str) -> int | None:
     return _within(value, int, 0, 19, "auto, or a whole number from 0 to 19")
 
 
+def _helpers(value: str) -> int | None:
+    """Helpers from 0 to 16, or None for ``auto`` (which
+    :func:`mailsvc.delivery.process.delivery_helpers` resolves by the cores)."""
+    if value.strip().lower() == "auto":
+        return None
+    return _within(value, int, 0, 16, "auto, or a whole number from 0 to 16")
+
+
 def _dkim_bits(value: str) -> int:
     if value.strip() not in ("1024", "2048", "3072", "4096"):
         raise ValueError("1024, 2048, 3072 or 4096")
@@ -332,14 +340,16 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "delivery_helpers",
-        1,
+        "auto",
         "Processes beside the one that delivers that help it drain a backlog: they claim mail "
         "only while at least 64 emails are due and none is being queued (a burst's tail, a "
         "relay back after an outage), so they never take the cores or the store from the "
         "processes that take mail, and mail that comes one at a time is the delivering "
-        "process's. They run 19 nice steps down. 0: none. Only with a delivering process "
-        "(MAILSVC_DELIVERY_PROCESS, or more than one MAILSVC_SUBMISSION_PROCESSES).",
-        _non_negative_int,
+        "process's. They run 19 nice steps down. `auto`: one where the service may use more "
+        "than one core, else none (one process already keeps one core busy). 0: none. Only "
+        "with a delivering process (MAILSVC_DELIVERY_PROCESS, or more than one "
+        "MAILSVC_SUBMISSION_PROCESSES).",
+        _helpers,
     ),
     Setting(
         "delivery_threads",

@@ -4,6 +4,7 @@ process, only while enough mail is due and none is being queued."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -14,6 +15,8 @@ from werkzeug.test import Client
 from mailsvc import create_app, operator
 from mailsvc.delivery.backlog import Backlog, Helper
 from mailsvc.delivery.pool import DeliveryPool
+from mailsvc.delivery.process import delivery_helpers
+from mailsvc.settings import SettingsError, load_settings
 from mailsvc.store import open_store
 
 from .conftest import count_by_status, email_body, make_tenant, wait_until
@@ -80,28 +83,27 @@ def test_a_helper_drains_a_backlog_once_nothing_is_being_queued(accepting, sink)
     working, done = helper(app)
     working.start()
     try:
-        sink.wait_for(len(ids), timeout=30)
-        wait_until(lambda: count_by_status(app.store) == {"sent": len(ids)}, 10, "recorded")
+        drained_to_its_least(app, sink, done, ids)
     finally:
         working.stop(timeout=5)
-    assert done == Counter(dict.fromkeys(ids, 1))
-    assert Counter(m.message_id for m in sink.messages) == Counter(
-        {f"<{email_id}@verified.test>": 1 for email_id in ids}
-    )
+    sent = Counter(m.message_id for m in sink.messages)
+    assert sent == Counter({f"<{email_id}@verified.test>": 1 for email_id in done})
+    assert count_by_status(app.store).get("sent") == len(done)
 
 
 def test_a_helper_leaves_mail_that_comes_one_at_a_time_to_the_delivering_process(accepting, sink):
     """Fewer than its least due: the helper claims nothing, however long it looks."""
     app, tenant = accepting
-    queue(app, tenant, LEAST - 1)
+    ids = queue(app, tenant, LEAST - 1)
     working, done = helper(app)
     working.start()
     try:
         time.sleep(20 * LOOK)
         assert count_by_status(app.store) == {"queued": LEAST - 1}
         assert not done and not sink.messages
-        queue(app, tenant, 1)  # enough now: drained once its looks see nothing more queued
-        sink.wait_for(LEAST, timeout=30)
+        ids += queue(app, tenant, 1)  # enough now: drained once its looks see nothing queued
+        wait_until(lambda: done, 30, "a claim")
+        drained_to_its_least(app, sink, done, ids)
     finally:
         working.stop(timeout=5)
 
@@ -200,3 +202,22 @@ def test_a_look_that_fails_drains_nothing_and_is_said_once(tmp_path, caplog):
     said = [r for r in caplog.records if "cannot look at the queue" in r.getMessage()]
     assert len(said) == 1
     store.shutdown()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: auto is none either way")
+def test_auto_runs_a_helper_only_where_the_service_may_use_more_than_one_core():
+    """MAILSVC_DELIVERY_HELPERS: ``auto`` (the default) is one helper where the process may use
+    more than one core (as ``taskset`` or a cgroup's cpuset allow it), none on one core; a number
+    is that many; anything else is refused, naming the setting's values."""
+    assert delivery_helpers(load_settings({}, environ={})) == 1
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        assert delivery_helpers(load_settings({}, environ={})) == 0
+        given = load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "3"})
+        assert delivery_helpers(given) == 3
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert delivery_helpers(load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "0"})) == 0
+    with pytest.raises(SettingsError, match="MAILSVC_DELIVERY_HELPERS.*auto, or a whole number"):
+        load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "17"})

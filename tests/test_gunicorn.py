@@ -206,14 +206,17 @@ def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
 
 
 def test_a_helper_drains_a_backlog_beside_the_delivering_process(served_tenant, sink):
-    """MAILSVC_DELIVERY_HELPERS (1 by default): the supervisor keeps a helper running, 19 nice
-    steps below the master. A backlog queued while the delivering process was stopped is
-    drained by the helper but for fewer than 64 emails (its least), which the delivering
-    process sends once it runs again: each email once. Killed, the helper is replaced; with
-    the setting at 0 there is none."""
+    """MAILSVC_DELIVERY_HELPERS=1 (``auto``, the default, on two cores or more): the supervisor
+    keeps a helper running, 19 nice steps below the master. A backlog queued while the
+    delivering process was stopped is drained by the helper but for fewer than 64 emails (its
+    least), which the delivering process sends once it runs again: each email once. Killed,
+    the helper is replaced; with the setting at 0 there is none."""
     path, _, _, headers = served_tenant
     own = os.getpriority(os.PRIO_PROCESS, 0)
-    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=2)
+    server = Gunicorn(
+        {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, "MAILSVC_DELIVERY_HELPERS": "1"},
+        workers=2,
+    )
     server.start()
     try:
         wait_until(lambda: len(server.helper_pids()) == 1, 10, "the helper")

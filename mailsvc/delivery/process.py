@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from ..ops import cores
 from ..store import POSTGRES_SCHEMES
 
 if TYPE_CHECKING:
@@ -81,6 +82,14 @@ def delivery_nice(settings: Settings) -> int:
         return int(settings.delivery_nice)
     postgres = settings.database.startswith(POSTGRES_SCHEMES)
     return AUTO_NICE["postgresql" if postgres else "sqlite"]
+
+
+def delivery_helpers(settings: Settings) -> int:
+    """The helpers to run: MAILSVC_DELIVERY_HELPERS, or for ``auto`` one where this process may
+    use more than one core (a cgroup's or ``taskset``'s cores count), else none."""
+    if settings.delivery_helpers is not None:
+        return int(settings.delivery_helpers)
+    return 1 if len(cores.usable()) > 1 else 0
 
 
 def deliver(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from ..app import MailService
 from ..delivery.process import (
     deliver,
+    delivery_helpers,
     delivery_nice,
     die_with_parent,
     fork_child,
@@ -252,7 +253,7 @@ def serve(settings: Settings, listen: str | None = None) -> None:
             "SMTP submission: %d processes on %s, one that delivers and %s, pid %d",
             count,
             address,
-            _helpers(settings.delivery_helpers),
+            _helpers(delivery_helpers(settings)),
             os.getpid(),
         )
         _notify_systemd("READY=1")
@@ -264,7 +265,8 @@ def serve(settings: Settings, listen: str | None = None) -> None:
     for _ in range(count):
         core = cores.next_core(usable, [other.core for other in taking], start=os.getpid())
         taking.append(_Taking(core))
-    roles: list[_Taking | str] = [*taking, _DELIVERING, *helper_roles(settings.delivery_helpers)]
+    helpers = helper_roles(delivery_helpers(settings))
+    roles: list[_Taking | str] = [*taking, _DELIVERING, *helpers]
     keep_running(roles, spawn, ready=ready)
     _notify_systemd("STOPPING=1")
     listening.close()
