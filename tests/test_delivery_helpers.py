@@ -49,6 +49,28 @@ def queue(app, tenant, count: int) -> list[str]:
     return ids
 
 
+class Queueing:
+    """A thread that queues an email every half look until stopped; the ids it queued."""
+
+    def __init__(self, app, tenant) -> None:
+        self.ids: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(app, tenant))
+
+    def _run(self, app, tenant) -> None:
+        while not self._stop.is_set():
+            self.ids.extend(queue(app, tenant, 1))
+            time.sleep(LOOK / 2)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def helper(app) -> tuple[Helper, Counter[str]]:
     """A helper's pool on the app's store, and what it sent (email ids, counted as it tried
     each: the pool itself, its ``_attempt`` watched)."""
@@ -114,26 +136,17 @@ def test_a_helper_claims_nothing_while_mail_is_being_queued(accepting, sink):
     app, tenant = accepting
     ids = queue(app, tenant, 2 * LEAST)
     working, done = helper(app)
-    stop = threading.Event()
-    more: list[str] = []
-
-    def keep_queueing() -> None:
-        while not stop.is_set():
-            more.extend(queue(app, tenant, 1))
-            time.sleep(LOOK / 2)
-
-    queueing = threading.Thread(target=keep_queueing)
+    queueing = Queueing(app, tenant)
     queueing.start()
     working.start()
     try:
         time.sleep(30 * LOOK)
         assert not done and not sink.messages
         assert set(count_by_status(app.store)) == {"queued"}
-        stop.set()
-        queueing.join()
-        drained_to_its_least(app, sink, done, ids + more)
+        queueing.stop()
+        drained_to_its_least(app, sink, done, ids + queueing.ids)
     finally:
-        stop.set()
+        queueing.stop()
         working.stop(timeout=5)
 
 
@@ -144,15 +157,7 @@ def test_a_helper_draining_stops_claiming_once_mail_is_queued_again(accepting, s
     sink.behaviour.delay_seconds = 0.02
     ids = queue(app, tenant, 120)
     working, done = helper(app)
-    stop = threading.Event()
-    more: list[str] = []
-
-    def keep_queueing() -> None:
-        while not stop.is_set():
-            more.extend(queue(app, tenant, 1))
-            time.sleep(LOOK / 2)
-
-    queueing = threading.Thread(target=keep_queueing)
+    queueing = Queueing(app, tenant)
     working.start()
     try:
         wait_until(lambda: sum(done.values()) >= 10, 10, "draining")
@@ -161,11 +166,10 @@ def test_a_helper_draining_stops_claiming_once_mail_is_queued_again(accepting, s
         stopped_at = sum(done.values())
         time.sleep(10 * LOOK)
         assert sum(done.values()) == stopped_at < len(ids)
-        stop.set()
-        queueing.join()
-        drained_to_its_least(app, sink, done, ids + more)
+        queueing.stop()
+        drained_to_its_least(app, sink, done, ids + queueing.ids)
     finally:
-        stop.set()
+        queueing.stop()
         working.stop(timeout=5)
 
 
