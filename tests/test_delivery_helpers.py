@@ -209,19 +209,27 @@ def test_a_look_that_fails_drains_nothing_and_is_said_once(tmp_path, caplog):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: auto is none either way")
-def test_auto_runs_a_helper_only_where_the_service_may_use_more_than_one_core():
-    """MAILSVC_DELIVERY_HELPERS: ``auto`` (the default) is one helper where the process may use
-    more than one core (as ``taskset`` or a cgroup's cpuset allow it), none on one core; a number
-    is that many; anything else is refused, naming the setting's values."""
-    assert delivery_helpers(load_settings({}, environ={})) == 1
+def test_auto_runs_a_helper_on_postgresql_where_the_service_may_use_more_than_one_core():
+    """MAILSVC_DELIVERY_HELPERS: ``auto`` (the default) is one helper on PostgreSQL where the
+    process may use more than one core (as ``taskset`` or a cgroup's cpuset allow it), none on
+    one core, none on SQLite; a number is that many, on either; anything else is refused,
+    naming the setting's values."""
+
+    def helpers(database: str, setting: str | None = None) -> int:
+        chosen = {} if setting is None else {"MAILSVC_DELIVERY_HELPERS": setting}
+        return delivery_helpers(load_settings({"database": database}, environ=chosen))
+
+    postgres = "postgresql://postgres@127.0.0.1:5432/postgres"
+    assert helpers(postgres) == 1
+    assert helpers("var/mailsvc.sqlite3") == 0
+    assert helpers("var/mailsvc.sqlite3", "1") == 1
     allowed = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(allowed)})
     try:
-        assert delivery_helpers(load_settings({}, environ={})) == 0
-        given = load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "3"})
-        assert delivery_helpers(given) == 3
+        assert helpers(postgres) == 0
+        assert helpers(postgres, "3") == 3
     finally:
         os.sched_setaffinity(0, allowed)
-    assert delivery_helpers(load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "0"})) == 0
+    assert helpers(postgres, "0") == 0
     with pytest.raises(SettingsError, match="MAILSVC_DELIVERY_HELPERS.*auto, or a whole number"):
         load_settings({}, environ={"MAILSVC_DELIVERY_HELPERS": "17"})

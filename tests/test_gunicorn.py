@@ -138,7 +138,10 @@ def test_delivery_runs_in_a_process_of_its_own_that_new_mail_wakes_at_once(serve
 
 def test_a_graceful_stop_stops_the_delivering_process_after_the_workers(served_tenant, sink):
     path, _, _, headers = served_tenant
-    server = Gunicorn({"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url}, workers=2).start()
+    server = Gunicorn(
+        {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, "MAILSVC_DELIVERY_HELPERS": "1"},
+        workers=2,
+    ).start()
     supervisor, delivering = server.delivery_pids()
     results = server.many([("POST", "/v1/emails", email_body(), headers)] * 20)
     log = server.stop()  # SIGTERM to the master
@@ -206,11 +209,11 @@ def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
 
 
 def test_a_helper_drains_a_backlog_beside_the_delivering_process(served_tenant, sink):
-    """MAILSVC_DELIVERY_HELPERS=1 (``auto``, the default, on two cores or more): the supervisor
-    keeps a helper running, 19 nice steps below the master. A backlog queued while the
-    delivering process was stopped is drained by the helper but for fewer than 64 emails (its
-    least), which the delivering process sends once it runs again: each email once. Killed,
-    the helper is replaced; with the setting at 0 there is none."""
+    """MAILSVC_DELIVERY_HELPERS=1 (what ``auto``, the default, is on PostgreSQL with two cores
+    or more): the supervisor keeps a helper running, 19 nice steps below the master. A backlog
+    queued while the delivering process was stopped is drained by the helper but for fewer
+    than 64 emails (its least), which the delivering process sends once it runs again: each
+    email once. Killed, the helper is replaced; with the setting at 0 there is none."""
     path, _, _, headers = served_tenant
     own = os.getpriority(os.PRIO_PROCESS, 0)
     server = Gunicorn(
