@@ -23,6 +23,10 @@ from .conftest import count_by_status, email_body, make_tenant, wait_until
 
 #: A look at the store this often, in these tests (0.25 s in service).
 LOOK = 0.05
+#: Looks as long as the service's, where mail is queued meanwhile: an email queued every
+#: :data:`QUEUEING` seconds, a few each look, however slow a busy test machine makes each one.
+SERVICE_LOOK = 0.25
+QUEUEING = 0.02
 #: Emails due, at least, for these tests' helpers to claim any.
 LEAST = 8
 
@@ -50,7 +54,8 @@ def queue(app, tenant, count: int) -> list[str]:
 
 
 class Queueing:
-    """A thread that queues an email every half look until stopped; the ids it queued."""
+    """A thread that queues an email every :data:`QUEUEING` seconds until stopped; the ids it
+    queued."""
 
     def __init__(self, app, tenant) -> None:
         self.ids: list[str] = []
@@ -60,7 +65,7 @@ class Queueing:
     def _run(self, app, tenant) -> None:
         while not self._stop.is_set():
             self.ids.extend(queue(app, tenant, 1))
-            time.sleep(LOOK / 2)
+            time.sleep(QUEUEING)
 
     def start(self) -> None:
         self._thread.start()
@@ -71,10 +76,10 @@ class Queueing:
             self._thread.join()
 
 
-def helper(app) -> tuple[Helper, Counter[str]]:
+def helper(app, look: float = LOOK) -> tuple[Helper, Counter[str]]:
     """A helper's pool on the app's store, and what it sent (email ids, counted as it tried
     each: the pool itself, its ``_attempt`` watched)."""
-    backlog = Backlog(app.store, app.clock, least=LEAST, look_seconds=LOOK)
+    backlog = Backlog(app.store, app.clock, least=LEAST, look_seconds=look)
     pool = DeliveryPool(
         app.store, app.settings, app.clock, return_path=app.deps.return_path, backlog=backlog
     )
@@ -131,16 +136,16 @@ def test_a_helper_leaves_mail_that_comes_one_at_a_time_to_the_delivering_process
 
 
 def test_a_helper_claims_nothing_while_mail_is_being_queued(accepting, sink):
-    """A backlog, and an email queued every look: the workers taking mail keep the cores and
+    """A backlog, and emails queued all the while: the workers taking mail keep the cores and
     the store; once mail stops coming, the helper drains all of it."""
     app, tenant = accepting
     ids = queue(app, tenant, 2 * LEAST)
-    working, done = helper(app)
+    working, done = helper(app, SERVICE_LOOK)
     queueing = Queueing(app, tenant)
     queueing.start()
     working.start()
     try:
-        time.sleep(30 * LOOK)
+        time.sleep(8 * SERVICE_LOOK)
         assert not done and not sink.messages
         assert set(count_by_status(app.store)) == {"queued"}
         queueing.stop()
@@ -156,15 +161,15 @@ def test_a_helper_draining_stops_claiming_once_mail_is_queued_again(accepting, s
     app, tenant = accepting
     sink.behaviour.delay_seconds = 0.02
     ids = queue(app, tenant, 120)
-    working, done = helper(app)
+    working, done = helper(app, SERVICE_LOOK)
     queueing = Queueing(app, tenant)
     working.start()
     try:
         wait_until(lambda: sum(done.values()) >= 10, 10, "draining")
         queueing.start()
-        time.sleep(4 * LOOK + 0.2)  # (a look, and the runs in hand, end)
+        time.sleep(2 * SERVICE_LOOK + 0.5)  # (a look, and the runs in hand, end)
         stopped_at = sum(done.values())
-        time.sleep(10 * LOOK)
+        time.sleep(8 * SERVICE_LOOK)
         assert sum(done.values()) == stopped_at < len(ids)
         queueing.stop()
         drained_to_its_least(app, sink, done, ids + queueing.ids)
