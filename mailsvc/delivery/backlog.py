@@ -13,7 +13,6 @@ a time is the delivering process's alone, and leaves at once as before.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,6 @@ class Backlog:
         self.clock = clock
         self.least = least
         self.look_seconds = look_seconds
-        self._lock = threading.Lock()
         #: The newest email's sequence number at the last look (None: not looked yet).
         self._newest: int | None = None
         self._draining = False
@@ -60,11 +58,11 @@ class Backlog:
 
     def drains(self) -> bool:
         """Whether to claim now: at the last look, enough was due and nothing had been queued
-        since the look before it. Looks again if that look is over."""
-        with self._lock:
-            if time.monotonic() - self._looked_at >= self.look_seconds:
-                self._look()
-            return self._draining
+        since the look before it. Looks again if that look is over. (Asked by the pool's one
+        claimer thread; its workers ask :meth:`draining`.)"""
+        if time.monotonic() - self._looked_at >= self.look_seconds:
+            self._look()
+        return self._draining
 
     def draining(self) -> bool:
         """What the last look said while it stands, without looking (for a job of the store's
