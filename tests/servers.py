@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,6 +33,23 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def port_for_a_slow_start() -> int:
+    """A free port below the kernel's ephemeral range, for a server that binds it only after
+    a minute of installing. ``free_port`` and every outgoing connection take their ports from
+    that range, so another test's server cannot take this one meanwhile and answer in its
+    place (it once answered ``/readyz`` for a server that had not started yet)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    low = int(ephemeral[0])
+    while True:
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
 
 
 def another_machine() -> dict[str, str]:

@@ -28,7 +28,7 @@ from urllib.parse import quote
 import pytest
 
 from .dns_server import DnsServer
-from .servers import ROOT, Gunicorn, free_port, request
+from .servers import ROOT, Gunicorn, free_port, port_for_a_slow_start, request
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"(?:<!-- (?P<note>[^>]*) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```", re.S)
@@ -218,7 +218,7 @@ def test_the_readme_installs_runs_and_sends_a_first_email(tmp_path):
     command (its own virtual environment), then its walkthrough from a second shell."""
     copy = _fresh_copy(tmp_path)
     [(_, install), _, (_, walkthrough)] = blocks(ROOT / "README.md")
-    port = free_port()
+    port = port_for_a_slow_start()
     env = _new_users_environment(port)
     with _serving(install, copy, env, port):
         done = _shell(walkthrough, copy, env, f"http://127.0.0.1:{port}")
@@ -245,7 +245,7 @@ def test_the_postgresql_commands_install_the_extra_and_serve_from_the_database(
         connection.execute(f"CREATE SCHEMA {schema}")
     database = f"{postgres_database}?options={quote(f'-c search_path={schema}')}"
     copy = _fresh_copy(tmp_path)
-    port = free_port()
+    port = port_for_a_slow_start()
     env = _new_users_environment(port)
     script = "python3 -m venv .venv\n" + code.replace(documented[0], database)
     with _serving(script, copy, env, port):
