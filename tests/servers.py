@@ -378,7 +378,20 @@ def cores_of(pid: int) -> set[int]:
 
 def niceness_of(pid: int) -> set[int]:
     """The nice values of the threads of a process (each thread has its own)."""
-    return set(_each_thread(pid, lambda tid: os.getpriority(os.PRIO_PROCESS, tid)))
+    return set(thread_niceness(pid))
+
+
+def thread_niceness(pid: int) -> list[int]:
+    """The nice value of each thread of a process."""
+    return _each_thread(pid, lambda tid: os.getpriority(os.PRIO_PROCESS, tid))
+
+
+def lowered_but_its_store(pid: int, own: int, lowered: int, backend: str) -> bool:
+    """Every thread of a delivering process runs at ``lowered`` but, on SQLite, the one that
+    commits its writes, at ``own`` (the master's: see ``Store.commit_at_this_priority``)."""
+    expected = [own] if backend == "sqlite" and lowered != own else []
+    found = thread_niceness(pid)
+    return sorted(found) == sorted(expected + [lowered] * (len(found) - len(expected)))
 
 
 def _each_thread(pid: int, read: Callable[[int], T]) -> list[T]:

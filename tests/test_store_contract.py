@@ -94,7 +94,14 @@ def account(store: Store, credits: int = 0, name: str = "acc_racer") -> str:
     return name
 
 
-def test_credit_is_never_overspent(stores):
+@pytest.mark.parametrize(
+    "at_its_priority", [False, True], ids=["as it is", "committing at its priority"]
+)
+def test_credit_is_never_overspent(stores, at_its_priority):
+    """(Also where each process commits at the priority it had: ``commit_at_this_priority``.)"""
+    if at_its_priority:
+        for store in stores:
+            store.commit_at_this_priority()
     payer = account(stores[0], credits=50)
     results = race(stores, lambda s, _: s.write(lambda tx: tx.spend_credits(payer, 1)), rounds=20)
     assert results.count(None) == 50

@@ -3,6 +3,7 @@ that fails there leaves no trace while the rest of its batch commits."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -99,10 +100,14 @@ def test_a_write_that_meets_no_other_runs_on_its_callers_thread(db):
     assert db._writer.queued() == 0
 
 
-def test_a_stop_while_others_write_closes_the_connection_only_between_batches(db):
+@pytest.mark.parametrize("at_its_priority", [False, True], ids=["at once", "handed"])
+def test_a_stop_while_others_write_closes_the_connection_only_between_batches(db, at_its_priority):
     """A stop closes the write connection once the batch under way is done; the next write
     opens it again, and none uses it while it closes (two threads on one SQLite connection,
-    one closing it, crash the process)."""
+    one closing it, crash the process). The same where every job is handed to the writer
+    thread (``commit_at_this_priority``), which a stop ends: the next write starts another."""
+    if at_its_priority:
+        db.commit_at_this_priority()
     written: list[str] = []
 
     def keep_writing(name: str) -> None:
@@ -136,3 +141,61 @@ def test_a_job_alone_runs_without_a_savepoint_and_a_failure_leaves_nothing(db):
     with sqlite3.connect(db.path) as check:
         values = {row[0] for row in check.execute("SELECT value FROM scratch")}
     assert values == {"first", "kept"}
+
+
+def _nice_of_this_thread() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_once_it_commits_at_its_priority_every_job_runs_on_a_thread_at_that_priority(db):
+    """``commit_at_this_priority``: a job of a thread that lowered its own priority later
+    (as the delivering process's threads do) runs on the writer thread, started by the caller
+    and so at the caller's priority: the write lock is held at it. Results and failures come
+    back to the caller as before, and a failure still leaves nothing."""
+
+    def lowered_then_write(seen: dict[str, object]) -> None:
+        os.nice(5)  # (this thread's alone, on Linux)
+        seen["caller"] = (threading.current_thread(), _nice_of_this_thread())
+        seen["job"] = db.write(lambda tx: (threading.current_thread(), _nice_of_this_thread()))
+        seen["kept"] = db.write(_insert("kept"))[0]
+        try:
+            db.write(_insert("undone", fail=True))
+        except ValueError as exc:
+            seen["failure"] = str(exc)
+
+    own = _nice_of_this_thread()
+    before: dict[str, object] = {}
+    thread = threading.Thread(target=lowered_then_write, args=(before,))
+    thread.start()
+    thread.join()
+    assert before["job"] == before["caller"] == (thread, own + 5)  # (on its caller's, at once)
+
+    db.commit_at_this_priority()
+    after: dict[str, object] = {}
+    thread = threading.Thread(target=lowered_then_write, args=(after,))
+    thread.start()
+    thread.join()
+    committer, its_nice = after["job"]  # type: ignore[misc]
+    assert after["caller"] == (thread, own + 5)
+    assert committer is not thread and committer.name == "mailsvc-writer" and its_nice == own
+    assert after["kept"] == "kept" and after["failure"] == "undone failed"
+    with sqlite3.connect(db.path) as check:
+        values = [row[0] for row in check.execute("SELECT value FROM scratch")]
+    assert values == ["kept", "kept"]
+
+
+def test_a_child_of_fork_commits_on_its_own_callers_thread_again(db):
+    """The thread that commits at the parent's priority is the parent's: a child of
+    ``fork()`` writes at once, on the thread that asks."""
+    db.commit_at_this_priority()
+    db.write(_insert("parent"))
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if its write ran on its own thread
+        code = 1
+        try:
+            ran_on = db.write(lambda tx: threading.current_thread())
+            code = 0 if ran_on is threading.current_thread() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -32,6 +32,7 @@ from ..store import POSTGRES_SCHEMES
 
 if TYPE_CHECKING:
     from ..settings import Settings
+    from ..store import Store
 
 log = logging.getLogger("mailsvc.delivery")
 
@@ -53,6 +54,8 @@ _PR_SET_NAME = 15
 
 class Service(Protocol):
     """What delivers: the app (:class:`mailsvc.app.MailService`), whose threads start and stop."""
+
+    store: Store
 
     def start(self) -> None: ...
 
@@ -101,16 +104,19 @@ def deliver(
     """Deliver (the threads ``make_service()`` starts: mail's, webhooks', the purge) until
     SIGTERM or SIGINT, then stop gracefully; ``nice`` steps below the process that forked it
     (``MAILSVC_DELIVERY_NICE``), every thread of it (each inherits it from this one, the only
-    thread of a process just forked). ``what`` names the process in the log."""
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError as exc:  # (a sandbox that forbids it: delivery runs all the same)
-            log.warning("delivery: cannot run %d nice steps below the workers (%s)", nice, exc)
+    thread of a process just forked) but the store's: its locks are held at the workers'
+    priority (:meth:`~mailsvc.store.Store.commit_at_this_priority`), so that the requests that
+    wait for them wait only while the work is done. ``what`` names the process in the log."""
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, frame: stopping.set())
     service = make_service()
+    if nice:
+        service.store.commit_at_this_priority()  # (before this thread's priority is lowered)
+        try:
+            os.nice(nice)  # (this thread's, on Linux, and so every thread's it starts)
+        except OSError as exc:  # (a sandbox that forbids it: delivery runs all the same)
+            log.warning("delivery: cannot run %d nice steps below the workers (%s)", nice, exc)
     service.start()
     log.info("delivery: %s, pid %d", what, os.getpid())
     stopping.wait()

@@ -777,6 +777,17 @@ class Store(Protocol):
         some came. A backend without such news returns False at once."""
         ...
 
+    def commit_at_this_priority(self) -> None:
+        """From now on, in this process, hold the store's locks at the scheduling priority of
+        the thread that calls this, whatever the priority of the threads that write later.
+        For a process that then lowers its own (the delivering process): a low-priority thread
+        holding a lock that requests wait for would hold it for as long as the machine's other
+        work comes first. On SQLite, every write of the process is then committed by the
+        writer thread, started now; on PostgreSQL, where a transaction's contended rows are
+        locked only while the server runs the statements sent with its COMMIT, nothing changes.
+        """
+        ...
+
     def shutdown(self) -> None:
         """Release this process's connections and threads; the store opens them again if used."""
         ...

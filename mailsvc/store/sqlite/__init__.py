@@ -169,6 +169,9 @@ class SqliteStore:
     def wait_for_mail(self, timeout: float) -> bool:
         return self._announcements.wait(timeout)
 
+    def commit_at_this_priority(self) -> None:
+        self._writer.commit_on_its_own_thread()
+
     def shutdown(self) -> None:
         self._writer.stop()
         self._announcements.close()

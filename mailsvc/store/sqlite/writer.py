@@ -10,6 +10,13 @@ the writer thread, handed the queue, commits what waits in batches until nothing
 load many jobs share one lock acquisition and one fsync, and only one thread in each process
 competes for the database's write lock. Each job of a batch runs in a savepoint of its own: a
 job that raises leaves no trace, and the others in its batch commit as if it had not been there.
+
+A process whose other threads run at a lower priority than the process that answers requests
+(the delivering process and its helpers, ``MAILSVC_DELIVERY_NICE``) has every job committed by
+the writer thread instead (:meth:`Writer.commit_on_its_own_thread`), started before the others
+are lowered: a low-priority thread that held the write lock would hold it for as long as the
+scheduler let the machine's other work go first (a job of 1 ms of CPU held it 4 ms, and
+20 ms at the worst, while requests waited for it).
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ class Writer:
         self._ending = False
         #: The write connection is to be closed when the transaction under way is done.
         self._closing = False
+        #: Every job is handed to the thread, none run on its caller's.
+        self._always_handed = False
         self._pid: int | None = None
 
     def run(self, work: Callable[[SqlVerbs], Result], durable: bool = True) -> Result:
@@ -84,11 +93,14 @@ class Writer:
         job: _Job[Result] = _Job(work, durable)
         with self._lock:
             self._this_process()
-            at_once = not self._busy
+            at_once = not self._busy and not self._always_handed
             if at_once:
                 self._busy = True
             else:
                 self._queue.append(job)  # type: ignore[arg-type]
+                if not self._busy:
+                    self._busy = True
+                    self._hand_over()
         if at_once:
             try:
                 self._commit([job])  # type: ignore[list-item]
@@ -99,6 +111,17 @@ class Writer:
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]
+
+    def commit_on_its_own_thread(self) -> None:
+        """From now on, in this process, commit every job on the writer thread, started now
+        by the caller: it runs at the caller's priority, whatever the threads that hand it
+        jobs run at (on Linux a thread's nice value is its own, and a thread starts with its
+        creator's)."""
+        with self._lock:
+            self._this_process()
+            self._always_handed = True
+            if not self._running:
+                self._start_thread()
 
     def stop(self) -> None:
         """End the writer thread once what waits is committed, and close the write connection
@@ -138,6 +161,7 @@ class Writer:
             self._pid = os.getpid()
             self._queue = deque()
             self._busy = self._handed = self._running = self._ending = self._closing = False
+            self._always_handed = False  # (the thread that would commit was the parent's)
 
     def _hand_over(self) -> None:
         """Hand the queue to the thread, started if need be (called holding the lock)."""
@@ -145,6 +169,10 @@ class Writer:
         if self._running:
             self._handed_over.notify()
             return
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        """Start the thread that commits what it is handed (called holding the lock)."""
         self._running = True
         threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
 
