@@ -345,11 +345,9 @@ SETTINGS: tuple[Setting, ...] = (
         "only while at least 64 emails are due and none is being queued (a burst's tail, a "
         "relay back after an outage), so they never take the cores or the store from the "
         "processes that take mail, and mail that comes one at a time is the delivering "
-        "process's. They run 19 nice steps down. `auto`: one on PostgreSQL where the service "
-        "may use more than one core, else none (on SQLite a helper's writes take the one write "
-        "lock that every request's write waits for: a drain goes 1.2x as fast, but the reads "
-        "answered meanwhile wait longer; on one core, one process keeps the core busy). 0: "
-        "none. Only with a delivering process (MAILSVC_DELIVERY_PROCESS, or more than one "
+        "process's. They run 19 nice steps down. `auto`: one where the service may use more "
+        "than one core, else none (on one core, one process keeps the core busy). 0: none. "
+        "Only with a delivering process (MAILSVC_DELIVERY_PROCESS, or more than one "
         "MAILSVC_SUBMISSION_PROCESSES).",
         _helpers,
     ),

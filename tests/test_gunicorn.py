@@ -215,7 +215,7 @@ def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
 
 
 def test_a_helper_drains_a_backlog_beside_the_delivering_process(served_tenant, sink):
-    """MAILSVC_DELIVERY_HELPERS=1 (what ``auto``, the default, is on PostgreSQL with two cores
+    """MAILSVC_DELIVERY_HELPERS=1 (what ``auto``, the default, is with two cores
     or more): the supervisor keeps a helper running, 19 nice steps below the master (but, on
     SQLite, the thread that commits its writes). A backlog
     queued while the delivering process was stopped is drained by the helper but for fewer

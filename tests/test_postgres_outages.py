@@ -238,14 +238,16 @@ def test_a_restart_under_load_is_a_quick_503_then_recovers_by_itself(world, sink
         up = time.monotonic()
         wait_until(lambda: all(h.request("GET", "/readyz")[0] == 200 for h in world.hosts),
                    timeout=10, what="ready again")  # fmt: skip
-        time.sleep(3)
+        # (the load goes on for two seconds past the three below, whenever ready came: else,
+        # on a loaded machine, no request may have started in that window at all)
+        time.sleep(max(3.0, up + 5 - time.monotonic()))
     answers = load.answers
     assert_refusals_are_quick_503s(answers)
     while_down = [a for a in answers if a.started > down + 0.5 and a.ended < starting]
     assert len(while_down) > 20 and {a.status for a in while_down} == {503}
     back = min(a.started for a in answers if a.status == 200 and a.started > up)
     assert back - up < 5, "no recovery within seconds of the server's return"
-    assert {a.status for a in answers if a.started > up + 3} == {200}
+    assert {a.status for a in answers if a.started > up + 3} == {200}  # (and some started)
     assert_nothing_lost_or_sent_twice(world, answers, sink)
 
 

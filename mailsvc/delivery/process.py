@@ -88,14 +88,12 @@ def delivery_nice(settings: Settings) -> int:
 
 
 def delivery_helpers(settings: Settings) -> int:
-    """The helpers to run: MAILSVC_DELIVERY_HELPERS, or for ``auto`` one on PostgreSQL where
-    this process may use more than one core (a cgroup's or ``taskset``'s cores count), else
-    none. On SQLite every write, a GET's rate-limit token among them, takes the one write lock,
-    and a helper's transactions made the reads of a drain wait (see docs/performance.md)."""
+    """The helpers to run: MAILSVC_DELIVERY_HELPERS, or for ``auto`` one where this process
+    may use more than one core (a cgroup's or ``taskset``'s cores count), else none: on one
+    core, one process keeps it busy."""
     if settings.delivery_helpers is not None:
         return int(settings.delivery_helpers)
-    postgres = settings.database.startswith(POSTGRES_SCHEMES)
-    return 1 if postgres and len(cores.usable()) > 1 else 0
+    return 1 if len(cores.usable()) > 1 else 0
 
 
 def deliver(
