@@ -503,7 +503,7 @@ def test_a_page_notes_its_session_in_the_store_at_most_every_30_seconds(app, ten
     browser = signed_in(app, tenant)
     assert browser.get("/dashboard/account").status_code == 200  # (the process's keys load)
     jobs: list[int] = []
-    app.store.on_commit = lambda waits: jobs.append(len(waits))
+    app.store.on_commit = lambda waits, held: jobs.append(len(waits))
     for _ in range(5):
         assert browser.get("/dashboard/account").status_code == 200
     writes = sum(jobs)

@@ -122,6 +122,8 @@ def test_metrics_count_requests_mail_and_the_queue(config, clock, sink):
     aged = scrape(client)
     assert 29 <= value(aged, "mailsvc_queue_oldest_due_age_seconds") <= 60
     assert value(aged, "mailsvc_store_write_wait_seconds_count") > 0
+    held = value(aged, "mailsvc_store_write_held_seconds_count")
+    assert held > 0 and value(aged, "mailsvc_store_write_held_seconds_sum") > 0
     assert value(aged, "mailsvc_store_write_batch_jobs_count") > 0
     attempts_before = value(aged, "mailsvc_delivery_attempts_total", outcome="sent")
     app.start()

@@ -109,6 +109,27 @@ def test_credit_is_never_overspent(stores, at_its_priority):
     assert stores[0].reads.get_account(payer).credits == 0
 
 
+def test_a_commit_reports_how_long_its_jobs_waited_and_how_long_it_held_the_store(stores):
+    """``on_commit``: once a write commits, how long its job waited, and how long the
+    transaction held what other writes wait for (the job's own time among it); a write that
+    failed reports nothing."""
+    store = stores[0]
+    payer = account(store, credits=1)
+    seen: list[tuple[int, float]] = []
+    store.on_commit = lambda waits, held: seen.append((len(waits), held))
+
+    def slow(tx: Any) -> None:
+        time.sleep(0.03)
+        tx.add_credits(payer, 1)
+
+    store.write(slow)
+    with pytest.raises(CreditExhausted):
+        store.write(lambda tx: tx.spend_credits(payer, 10))
+    [(jobs, held)] = seen
+    assert jobs == 1 and 0.03 <= held < 5
+    assert store.reads.get_account(payer).credits == 2
+
+
 def test_credit_added_concurrently_all_counts(stores):
     payer = account(stores[0], credits=0)
     race(stores, lambda s, _: s.write(lambda tx: tx.add_credits(payer, 3)), rounds=10)

@@ -121,6 +121,13 @@ WRITE_WAIT = Histogram(
     "PostgreSQL: a connection of the pool)",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
 )
+WRITE_HELD = Histogram(
+    "mailsvc_store_write_held_seconds",
+    "Time a write transaction held what the store's other writes wait for (SQLite: the "
+    "database's write lock, from BEGIN until it is let go; PostgreSQL: its pooled connection, "
+    "from the job's start until its COMMIT is answered)",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+)
 WRITE_BATCH = Histogram(
     "mailsvc_store_write_batch_jobs",
     "Jobs committed in one transaction (SQLite's writer commits many at once)",
@@ -128,10 +135,12 @@ WRITE_BATCH = Histogram(
 )
 
 
-def observe_commit(waits: Sequence[float]) -> None:
-    """A write transaction committed: how long each of its jobs waited for it."""
+def observe_commit(waits: Sequence[float], held: float) -> None:
+    """A write transaction committed: how long each of its jobs waited for it, and how long it
+    held what other writes wait for."""
     for wait in waits:
         WRITE_WAIT.observe(wait)
+    WRITE_HELD.observe(held)
     WRITE_BATCH.observe(len(waits))
 
 

@@ -725,9 +725,12 @@ class Store(Protocol):
     announces_mail: bool
     #: The outages this process's store is in now (each logged once as it begins and ends).
     conditions: Conditions
-    #: Called with how long each job of a committed write transaction waited for it (for the
-    #: metrics, which the store does not import: the app sets it).
-    on_commit: Callable[[Sequence[float]], None]
+    #: Called with how long each job of a committed write transaction waited for it, and how
+    #: long the transaction held what other writes wait for (SQLite: the database's write
+    #: lock, from BEGIN until it is let go; PostgreSQL: its pooled connection, from the job's
+    #: start until its COMMIT is answered). For the metrics, which the store does not import:
+    #: the app sets it.
+    on_commit: Callable[[Sequence[float], float], None]
 
     def read(self) -> AbstractContextManager[Reads]:
         """A read transaction: one consistent snapshot of committed data.

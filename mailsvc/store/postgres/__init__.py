@@ -231,7 +231,7 @@ class PostgresStore:
         self._probed_at = 0.0
         self.conditions = Conditions()
         #: Called with how long each job of a committed transaction waited (the metrics).
-        self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
+        self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
@@ -413,7 +413,12 @@ class PostgresStore:
         waiting = time.perf_counter()
 
         def run(connection: psycopg.Connection[Any]) -> Result:
-            self.on_commit([time.perf_counter() - waiting])
+            began = time.perf_counter()
+            result = carry_out(connection)
+            self.on_commit([began - waiting], time.perf_counter() - began)
+            return result
+
+        def carry_out(connection: psycopg.Connection[Any]) -> Result:
             opened = _Connection(connection, begin, tracked=True)
             verbs = SqlVerbs(opened, DIALECT)
             try:

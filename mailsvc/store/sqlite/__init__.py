@@ -98,10 +98,13 @@ class SqliteStore:
         self._idle: list[sqlite3.Connection] = []
         #: The write connection, its lock file, and the process that opened them.
         self._writing: tuple[sqlite3.Connection, int, int] | None = None
-        #: Called with how long each job of a committed transaction waited (the metrics).
-        self.on_commit: Callable[[Sequence[float]], None] = lambda waits: None
+        #: Called with how long each job of a committed transaction waited, and how long it
+        #: held the write lock (the metrics).
+        self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
         self._writer = Writer(
-            self._transaction, self._close_writing, lambda waits: self.on_commit(waits)
+            self._transaction,
+            self._close_writing,
+            lambda waits, held: self.on_commit(waits, held),
         )
         self._announcements = Announcements(Path(f"{self.path}-wake"))
 

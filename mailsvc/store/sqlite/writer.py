@@ -55,14 +55,15 @@ class Writer:
 
     :param transaction: opens a write transaction on the process's write connection.
     :param close: closes that connection (the next transaction opens it again).
-    :param observe: called with how long each job of a transaction waited for it.
+    :param observe: called, once a transaction has committed and let the file lock go, with
+        how long each of its jobs waited for it and how long it held the lock.
     """
 
     def __init__(
         self,
         transaction: Callable[[bool], AbstractContextManager[SqlVerbs]],
         close: Callable[[], None],
-        observe: Callable[[Sequence[float]], None] = lambda waits: None,
+        observe: Callable[[Sequence[float], float], None] = lambda waits, held: None,
     ) -> None:
         self._transaction = transaction
         self._close = close
@@ -205,7 +206,7 @@ class Writer:
             with self._transaction(any(job.durable for job in jobs)) as tx:
                 began = time.perf_counter()
                 # Each waited for the writer, then the file lock.
-                self._observe([began - job.queued_at for job in jobs])
+                waits = [began - job.queued_at for job in jobs]
                 # A job alone needs no savepoint (two statements): when it raises, the whole
                 # transaction is rolled back, and that is all it wrote.
                 alone = len(jobs) == 1
@@ -220,6 +221,8 @@ class Writer:
         except BaseException as exc:  # the commit failed: nothing of the batch stands
             for job in jobs:
                 job.error = job.error or exc
+        else:  # (from BEGIN until the lock was let go, the COMMIT's sync among it)
+            self._observe(waits, time.perf_counter() - began)
         finally:
             for job in jobs:
                 job.done.set()
