@@ -386,6 +386,16 @@ def thread_niceness(pid: int) -> list[int]:
     return _each_thread(pid, lambda tid: os.getpriority(os.PRIO_PROCESS, tid))
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of every thread of a process so far."""
+
+    def of_thread(tid: int) -> int:
+        lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+        return sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line)
+
+    return sum(_each_thread(pid, of_thread))
+
+
 def lowered_but_its_store(pid: int, own: int, lowered: int, backend: str) -> bool:
     """Every thread of a delivering process runs at ``lowered`` but, on SQLite, the one that
     commits its writes, at ``own`` (the master's: see ``Store.commit_at_this_priority``)."""

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..servers import Gunicorn, cpu_seconds
+from ..servers import Gunicorn, context_switches, cpu_seconds
 from .drain import _FILL
 from .parts import ROOT, Sink
 
@@ -69,10 +69,10 @@ def draining(emails: int, observe: Callable[[int], str]) -> tuple[float, float, 
             assert delivery is not None, "no delivering process"
             delivering = delivery[1]
             pids = [delivering, *server.helper_pids()]
-            cpu, switched = cpu_seconds(pids), sum(map(switches, pids))
+            cpu, switched = cpu_seconds(pids), sum(map(context_switches, pids))
             seen = observe(delivering)
             sink.wait_for(emails)
-            cpu, switched = cpu_seconds(pids) - cpu, sum(map(switches, pids)) - switched
+            cpu, switched = cpu_seconds(pids) - cpu, sum(map(context_switches, pids)) - switched
         finally:
             server.stop()
         times = [at for at, _ in sink.received()]
@@ -81,19 +81,6 @@ def draining(emails: int, observe: Callable[[int], str]) -> tuple[float, float, 
     finally:
         sink.stop()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def switches(pid: int) -> int:
-    """Voluntary and involuntary context switches of every thread of a process so far."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches" in line:
-                    total += int(line.split()[1])
-        except OSError:  # (a thread that ended meanwhile)
-            continue
-    return total
 
 
 def with_perf(seconds: float, folder: Path) -> Callable[[int], str]:
