@@ -188,6 +188,27 @@ def test_new_email_wakes_delivery_at_once(config, clock, sink):
         app.stop(timeout=5)
 
 
+def test_every_thread_delivery_starts_is_named_for_what_it_does(config, sink):
+    """A profile or a dump of a delivering process (py-spy, ``tests.bench.profile``) names each
+    thread: the claimer, the senders, the lease keeper and the listener for news."""
+    config["smtp_url"] = sink.url
+    app = create_app(config)
+    before = set(threading.enumerate())
+    app.start()
+    try:
+        wait_until(lambda: app.delivery.claims >= 1, what="the first look")
+        started = {thread.name for thread in set(threading.enumerate()) - before}
+    finally:
+        app.stop(timeout=5)
+    assert {
+        "mailsvc-sender-claimer",
+        "mailsvc-sender-0",
+        "mailsvc-sender-keep_leases",
+        "mailsvc-sender-listen",  # (both backends announce new mail to those that deliver)
+    } <= started, started
+    assert all(name.startswith("mailsvc-") for name in started), started
+
+
 def test_mail_that_comes_one_at_a_time_is_claimed_once_each(config, clock, sink):
     """Where every new email is announced, a thread that recorded its email does not look for
     a next run that nothing announced: one claim an email (the claimer's), not two. An email

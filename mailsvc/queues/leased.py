@@ -219,7 +219,12 @@ class LeasedPool(Generic[Item]):
         ]
         self._threads = [claimer, *workers]
         self._helpers = [
-            threading.Thread(target=helper, args=(self._stopped,), daemon=True)
+            threading.Thread(
+                target=helper,
+                args=(self._stopped,),
+                name=f"mailsvc-{self.name}-{helper.__name__.strip('_').removesuffix('_loop')}",
+                daemon=True,
+            )
             for helper in [self._keep_leases_loop, *self.helpers()]
         ]
         for thread in [*self._threads, *self._helpers]:
