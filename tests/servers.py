@@ -388,12 +388,21 @@ def thread_niceness(pid: int) -> list[int]:
 
 def context_switches(pid: int) -> int:
     """Voluntary and involuntary context switches of every thread of a process so far."""
+    return sum(switches for _, switches in thread_counters(pid).values())
 
-    def of_thread(tid: int) -> int:
-        lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
-        return sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line)
 
-    return sum(_each_thread(pid, of_thread))
+def thread_counters(pid: int) -> dict[int, tuple[float, int]]:
+    """Each thread of a process so far, by its id: its CPU seconds (user and system) and its
+    context switches (voluntary and involuntary)."""
+
+    def of_thread(tid: int) -> tuple[int, tuple[float, int]]:
+        task = Path(f"/proc/{pid}/task/{tid}")
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        lines = (task / "status").read_text().splitlines()
+        return tid, (cpu, sum(int(line.split()[1]) for line in lines if "ctxt_switches" in line))
+
+    return dict(_each_thread(pid, of_thread))
 
 
 def lowered_but_its_store(pid: int, own: int, lowered: int, backend: str) -> bool:

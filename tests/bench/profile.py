@@ -1,7 +1,7 @@
 """Where a drain's CPU goes: the process that delivers, profiled from outside while it drains a
 pre-filled queue (this checkout, SQLite, its defaults: a helper drains beside it).
 
-    python -m tests.bench.profile [--emails 12000] [--seconds 4]
+    python -m tests.bench.profile [--emails 12000] [--seconds 4] [--rate 150]
 
 It fills a store with ``--emails`` signed 2 KB emails of one recipient (as ``tests.bench.drain``
 does), serves it with gunicorn.conf.py (delivery to a local sink), and while the delivering
@@ -12,7 +12,14 @@ switching threads, SQLite, libc); then, in a second drain, ``py-spy record --gil
 of the same process: the share of time some thread held the interpreter lock, and the Python
 functions that held it most. Beside them, from /proc: the drain's messages a second, and the
 CPU time and the threads' context switches an email of the delivering process and its
-helpers. Each part is left out, saying why, where its tool is missing. Not a test: run it by
+helpers.
+
+With ``--rate``, then the same for mail that comes one at a time, what most hosts see: an empty
+store served the same way and ``POST /v1/emails`` at that rate, open loop, for ``--seconds``
+after a second's warm-up; meanwhile each thread of the delivering process (named as py-spy's dump
+names it) is read from /proc, its CPU and context switches an email, and ``perf stat`` counts
+its system calls an email (the store's locks and syncs, the pages it reads and writes, the
+relay's). Each part is left out, saying why, where its tool is missing. Not a test: run it by
 hand; numbers are for this machine.
 """
 
@@ -20,17 +27,21 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..servers import Gunicorn, context_switches, cpu_seconds
+from ..servers import Gunicorn, context_switches, cpu_seconds, thread_counters
+from . import openloop
 from .drain import _FILL
-from .parts import ROOT, Sink
+from .parts import ROOT, Sink, email, prepare
 
 #: perf's shared objects, by what runs there.
 PLACES = (
@@ -44,6 +55,8 @@ PLACES = (
 #: switch costs shows here: the interrupts enabled again after it).
 SWITCHING = ("finish_task_switch", "_raw_spin_unlock_irqrestore")
 SAMPLES_A_SECOND = 200
+#: The system calls ``perf stat`` counts an email while mail comes one at a time.
+SYSTEM_CALLS = ("futex", "flock", "fdatasync", "pwrite64", "pread64", "sendto", "recvfrom")
 
 
 def draining(emails: int, observe: Callable[[int], str]) -> tuple[float, float, float, str]:
@@ -149,6 +162,106 @@ def gil_split(raw: Path, seconds: int) -> str:
     return "\n".join(lines)
 
 
+def one_at_a_time(rate: float, seconds: float, folder: Path) -> str:
+    """Serve an empty store, send it the bench's email at ``rate`` a second, and read the
+    delivering process meanwhile: the report's lines."""
+    sink = Sink(folder)
+    database = str(folder / "one-at-a-time.sqlite3")
+    _, key = prepare(database)
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        server = Gunicorn(
+            {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"},
+            2,
+        ).start()
+        try:
+            delivery = server.delivery_pids()
+            assert delivery is not None, "no delivering process"
+            pid = delivery[1]
+            load = threading.Thread(
+                target=openloop.run,
+                args=("127.0.0.1", server.port, "/v1/emails", email(1), headers, rate,
+                      seconds + 2, 4),
+            )  # fmt: skip
+            load.start()
+            time.sleep(1)  # (the first emails wake a process that has not sent yet)
+            names, before, sent = _thread_names(pid), thread_counters(pid), sink.count()
+            calls = _system_calls(pid, seconds)
+            after, emails = thread_counters(pid), sink.count() - sent
+            load.join()
+        finally:
+            server.stop()
+    finally:
+        sink.stop()
+    return _report(rate, emails, names, before, after, calls)
+
+
+def _thread_names(pid: int) -> dict[int, str]:
+    """Each thread's name as Python knows it (py-spy's dump), senders together: ``mailsvc-
+    sender-2`` is ``mailsvc-sender``. Without py-spy, the thread ids."""
+    tool = _tool("py-spy")
+    if tool is None:
+        return {}
+    dump = subprocess.run([tool, "dump", "--pid", str(pid), "--json"], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    return {t["os_thread_id"]: re.sub(r"-\d+$", "", t["thread_name"]) for t in json.loads(dump)}
+
+
+def _system_calls(pid: int, seconds: float) -> dict[str, float]:
+    """``perf stat``'s counts of :data:`SYSTEM_CALLS` by ``pid`` for ``seconds`` (none without
+    perf: then it only waits)."""
+    if _tool("perf") is None:
+        time.sleep(seconds)
+        return {}
+    events = ",".join(f"syscalls:sys_enter_{call}" for call in SYSTEM_CALLS)
+    counted = subprocess.run(
+        ["perf", "stat", "-x,", "-e", events, "-p", str(pid), "--", "sleep", str(seconds)],
+        capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    counts = {}
+    for line in counted.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].isdigit():
+            counts[fields[2].removeprefix("syscalls:sys_enter_")] = float(fields[0])
+    return counts
+
+
+def _report(
+    rate: float,
+    emails: int,
+    names: dict[int, str],
+    before: dict[int, tuple[float, int]],
+    after: dict[int, tuple[float, int]],
+    calls: dict[str, float],
+) -> str:
+    if not emails:
+        return f"one at a time at {rate:g}/s: nothing was delivered while it was watched"
+    threads: dict[str, float] = collections.defaultdict(float)
+    switches: dict[str, int] = collections.defaultdict(int)
+    for tid, (cpu, switched) in after.items():
+        was_cpu, was_switched = before.get(tid, (0.0, 0))
+        name = names.get(tid, f"thread {tid}")
+        threads[name] += cpu - was_cpu
+        switches[name] += switched - was_switched
+    total, switched = sum(threads.values()), sum(switches.values())
+    lines = [
+        f"one at a time: {emails} emails delivered at {rate:g}/s; the delivering process "
+        f"{total / emails * 1000:.3f} ms of CPU and {switched / emails:.1f} context switches "
+        "an email; by thread:"
+    ]
+    lines += [
+        f"  {name:30} {cpu / emails * 1000:6.3f} ms {switches[name] / emails:5.1f} switches"
+        for name, cpu in sorted(threads.items(), key=lambda item: -item[1])
+        if cpu or switches[name]
+    ]
+    if calls:
+        lines.append(
+            "  system calls an email: "
+            + ", ".join(f"{call} {calls.get(call, 0) / emails:.1f}" for call in SYSTEM_CALLS)
+        )
+    return "\n".join(lines)
+
+
 def _tool(name: str) -> str | None:
     """The command, from this interpreter's environment (py-spy, installed with pip) or the
     system's; None when neither has it."""
@@ -160,12 +273,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--emails", type=int, default=12000)
+    parser.add_argument("--emails", type=int, default=12000, help="of each drain (0: none)")
     parser.add_argument("--seconds", type=float, default=4.0, help="of each profile")
+    parser.add_argument(
+        "--rate", type=float, default=0, help="then mail one at a time at this rate (emails/s)"
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-profile-out-"))
     try:
-        for tool, observer in (("perf", with_perf), ("py-spy", with_py_spy)):
+        drains = (("perf", with_perf), ("py-spy", with_py_spy)) if args.emails else ()
+        for tool, observer in drains:
             if _tool(tool) is None:
                 print(f"{tool}: not installed, left out")
                 continue
@@ -178,6 +295,8 @@ def main() -> None:
                 "process's profile:"
             )
             print(seen)
+        if args.rate:
+            print(one_at_a_time(args.rate, args.seconds, folder))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
