@@ -38,15 +38,25 @@ MAX_BATCH = 64
 
 
 class _Job(Generic[Result]):
-    __slots__ = ("work", "durable", "done", "result", "error", "queued_at")
+    __slots__ = ("work", "durable", "_pending", "result", "error", "queued_at")
 
     def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
         self.queued_at = time.perf_counter()
-        self.done = threading.Event()
+        #: Held until the job is done; its caller waits by taking it (a lock, not an Event: an
+        #: Event is a Condition written in Python, and every write makes one).
+        self._pending = threading.Lock()
+        self._pending.acquire()
         self.result: Result | None = None
         self.error: BaseException | None = None
+
+    def wait(self) -> None:
+        """Until the job is done, by whichever thread committed it."""
+        self._pending.acquire()
+
+    def done(self) -> None:
+        self._pending.release()
 
 
 class Writer:
@@ -108,7 +118,7 @@ class Writer:
             finally:
                 self._done()
         else:
-            job.done.wait()
+            job.wait()
         if job.error is not None:
             raise job.error
         return job.result  # type: ignore[return-value]
@@ -225,4 +235,4 @@ class Writer:
             self._observe(waits, time.perf_counter() - began)
         finally:
             for job in jobs:
-                job.done.set()
+                job.done()
