@@ -445,7 +445,8 @@ class LeasedPool(Generic[Item]):
             while True:
                 with self._wakeup:
                     self._idle += 1
-                    self._wakeup.notify_all()
+                    if self._idle == 1:  # (the claimer waits for an idle worker only if none was)
+                        self._wakeup.notify_all()
                 item = self._handoff.get()
                 if item is None:
                     return
