@@ -41,8 +41,10 @@ except SettingsError as exc:
 for _warning in unknown_variables():
     warn(_warning)
 logs.configure(_settings.log_format)
-# gunicorn's own lines in the same format (with MAILSVC_LOG_FORMAT=json, every line is JSON).
+# gunicorn's own lines in the same format (with MAILSVC_LOG_FORMAT=json, every line is JSON);
+# mailsvc writes the access line (mailsvc.access), gunicorn none.
 logconfig_dict = logs.gunicorn_logging(_settings.log_format)
+logger_class = "mailsvc.ops.gunicorn_log.Logger"
 # The store is checked (and migrated) here, before gunicorn imports the app (preload_app).
 check_or_exit(_settings)
 

@@ -3,9 +3,13 @@ rate-limit headers, request ids, and the lines the server logs."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,7 +19,7 @@ from mailsvc import create_app
 from mailsvc.ops import logs
 
 from .conftest import email_body, make_tenant, wait_until
-from .servers import Gunicorn, free_port, request
+from .servers import ROOT, Gunicorn, free_port, request
 from .smtp_sink import SmtpSink
 from .test_delivery import wait_status
 
@@ -371,3 +375,43 @@ def test_a_relay_that_stops_under_warm_connections_is_logged_once_each_way(confi
     down = [r for r in caplog.records if "cannot be reached" in r.getMessage()]
     up = [r for r in caplog.records if "reached again" in r.getMessage()]
     assert len(down) == 1 and len(up) == 1, [r.getMessage() for r in down + up]
+
+
+class _Untouchable:
+    """A request or response whose every attribute is a failure: nothing may read it."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"gunicorn's access line read .{name}")
+
+
+#: Run in the checkout: the logger class gunicorn takes from gunicorn.conf.py.
+_LOGGER_CLASS = """
+import sys
+from gunicorn.app.wsgiapp import WSGIApplication
+sys.argv = ["gunicorn"]
+print(WSGIApplication().cfg.logger_class.__module__)
+"""
+
+
+def test_gunicorn_builds_no_access_line_that_nobody_asked_for(tmp_path):
+    """mailsvc writes its own access line; gunicorn's, given a logging configuration (so never
+    written: see mailsvc.ops.gunicorn_log), was built for every request (every header read)."""
+    from gunicorn.config import Config
+
+    from mailsvc.ops.gunicorn_log import Logger
+
+    shown = subprocess.run(
+        [sys.executable, "-c", _LOGGER_CLASS],
+        cwd=ROOT,
+        env={**os.environ, "MAILSVC_DATABASE": str(tmp_path / "mailsvc.sqlite3")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.split() == ["mailsvc.ops.gunicorn_log"], shown.stderr[-2000:]
+    config = Config()
+    config.set("logconfig_dict", logs.gunicorn_logging("text"))  # (as gunicorn.conf.py does)
+    logger = Logger(config)
+    assert not logger.access_log_enabled
+    untouchable = _Untouchable()
+    logger.access(untouchable, untouchable, {}, datetime.timedelta(milliseconds=1))
