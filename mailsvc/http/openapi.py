@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from werkzeug.http import HTTP_STATUS_CODES
@@ -90,8 +91,14 @@ def build(url_map: Map, version: str = "0.0.0") -> dict[str, Any]:
 
 
 def route_template(rule: Rule) -> str:
-    """The rule as the document names its path (``/v1/emails/{email_id}``)."""
-    return _ARGUMENT.sub(r"{\1}", rule.rule)
+    """The rule as the document names its path (``/v1/emails/{email_id}``); each request's
+    route, for its log line and metrics."""
+    return _template(rule.rule)
+
+
+@lru_cache(maxsize=256)
+def _template(rule: str) -> str:
+    return _ARGUMENT.sub(r"{\1}", rule)
 
 
 def _method(rule: Rule) -> str:
