@@ -35,7 +35,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..servers import Gunicorn, context_switches, cpu_seconds, thread_counters
@@ -73,21 +74,12 @@ def draining(emails: int, observe: Callable[[int], str]) -> tuple[float, float, 
             check=True,
             capture_output=True,
         )
-        server = Gunicorn(
-            {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"},
-            2,
-        ).start()
-        try:
-            delivery = server.delivery_pids()
-            assert delivery is not None, "no delivering process"
-            delivering = delivery[1]
+        with _delivering(database, sink) as (server, delivering):
             pids = [delivering, *server.helper_pids()]
             cpu, switched = cpu_seconds(pids), sum(map(context_switches, pids))
             seen = observe(delivering)
             sink.wait_for(emails)
             cpu, switched = cpu_seconds(pids) - cpu, sum(map(context_switches, pids)) - switched
-        finally:
-            server.stop()
         times = [at for at, _ in sink.received()]
         rate = (len(times) - 1) / (max(times) - min(times))
         return rate, cpu / emails * 1000, switched / emails, seen
@@ -170,14 +162,7 @@ def one_at_a_time(rate: float, seconds: float, folder: Path) -> str:
     _, key = prepare(database)
     headers = {"Authorization": f"Bearer {key}"}
     try:
-        server = Gunicorn(
-            {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"},
-            2,
-        ).start()
-        try:
-            delivery = server.delivery_pids()
-            assert delivery is not None, "no delivering process"
-            pid = delivery[1]
+        with _delivering(database, sink) as (server, pid):
             load = threading.Thread(
                 target=openloop.run,
                 args=("127.0.0.1", server.port, "/v1/emails", email(1), headers, rate,
@@ -189,11 +174,24 @@ def one_at_a_time(rate: float, seconds: float, folder: Path) -> str:
             calls = _system_calls(pid, seconds)
             after, emails = thread_counters(pid), sink.count() - sent
             load.join()
-        finally:
-            server.stop()
     finally:
         sink.stop()
     return _report(rate, emails, names, before, after, calls)
+
+
+@contextmanager
+def _delivering(database: str, sink: Sink) -> Iterator[tuple[Gunicorn, int]]:
+    """gunicorn with this checkout's configuration serving ``database``, delivering to
+    ``sink``; and the pid of its delivering process."""
+    server = Gunicorn(
+        {"MAILSVC_DATABASE": database, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}, 2
+    ).start()
+    try:
+        delivery = server.delivery_pids()
+        assert delivery is not None, "no delivering process"
+        yield server, delivery[1]
+    finally:
+        server.stop()
 
 
 def _thread_names(pid: int) -> dict[int, str]:
