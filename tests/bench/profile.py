@@ -108,7 +108,7 @@ def perf_split(data: Path) -> str:
          "-F", "overhead,dso,sym"],
         check=True, capture_output=True, text=True,
     ).stdout  # fmt: skip
-    shares: collections.Counter[str] = collections.Counter()
+    shares: dict[str, float] = collections.defaultdict(float)
     switching = 0.0
     for line in report.splitlines():
         fields = line.split()
@@ -119,7 +119,8 @@ def perf_split(data: Path) -> str:
         shares[place] += share
         if place == "the kernel" and symbol in SWITCHING:
             switching += share
-    lines = [f"  {place:30} {share:5.1f}%" for place, share in shares.most_common()]
+    by_share = sorted(shares.items(), key=lambda item: -item[1])
+    lines = [f"  {place:30} {share:5.1f}%" for place, share in by_share]
     lines.append(f"  {'(of the kernel, switching)':30} {switching:5.1f}%")
     return "\n".join(lines)
 
