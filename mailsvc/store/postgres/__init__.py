@@ -230,7 +230,8 @@ class PostgresStore:
         self._probe_lock = threading.Lock()
         self._probed_at = 0.0
         self.conditions = Conditions()
-        #: Called with how long each job of a committed transaction waited (the metrics).
+        #: Called with how long each job of a committed transaction waited, and how long it
+        #: held its pooled connection (the metrics).
         self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
