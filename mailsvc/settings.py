@@ -293,7 +293,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "sqlite_synchronous",
         "FULL",
-        "SQLite `synchronous` for writes that accept mail (FULL, EXTRA or NORMAL).",
+        "SQLite `synchronous` for writes that accept mail (FULL, EXTRA or NORMAL). FULL and "
+        "EXTRA: such a write is on disk before it returns (the write-ahead log synced once "
+        "the write lock is let go, so other writes do not wait for the sync); NORMAL: not "
+        "synced, and a power cut may lose the last writes.",
         _synchronous,
     ),
     Setting(

@@ -4,7 +4,11 @@ that fails there leaves no trace while the rest of its batch commits."""
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -199,3 +203,70 @@ def test_a_child_of_fork_commits_on_its_own_callers_thread_again(db):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+#: Runs under strace: the first write of a new store, a durable one, and one that need not be,
+#: each between two markers written to /dev/null, so the trace says which system calls each
+#: write made, in order.
+_TRACED = r"""
+import os, sys
+from mailsvc.store import SqliteStore
+
+store = SqliteStore(sys.argv[1], synchronous=sys.argv[2])
+store.reads.get_account("acc_none")  # (the file made, and migrated)
+marker = os.open(os.devnull, os.O_WRONLY)
+for at, (name, durable) in enumerate((("first", True), ("durable", True), ("relaxed", False))):
+    os.write(marker, f"begin {name}".encode())
+    store.write(lambda tx: tx.probe(float(at)), durable)  # (a new value: a page to write)
+    os.write(marker, f"end {name}".encode())
+store.shutdown()
+"""
+
+
+def _traced_writes(tmp_path: Path, synchronous: str) -> dict[str, list[str]]:
+    """The system calls (``flock``, ``fdatasync``, ``fsync``) each write of :data:`_TRACED`
+    made, in order, with the files they were made on."""
+    trace = tmp_path / "trace"
+    subprocess.run(
+        ["strace", "-f", "-qq", "-y", "-e", "trace=flock,fdatasync,fsync,write", "-o", str(trace),
+         sys.executable, "-c", _TRACED, str(tmp_path / "traced.sqlite3"), synchronous],
+        check=True, cwd=Path(__file__).parent.parent, timeout=60,
+    )  # fmt: skip
+    calls: dict[str, list[str]] = {}
+    now: list[str] | None = None
+    for line in trace.read_text().splitlines():
+        if '"begin ' in line:
+            now = calls.setdefault(line.split('"begin ')[1].split('"')[0], [])
+        elif '"end ' in line:
+            now = None
+        elif now is not None and re.search(r"\b(flock|fdatasync|fsync)\(", line):
+            call = re.search(r"\b(flock|fdatasync|fsync)\(\d+<([^>]*)>(, (\w+))?", line)
+            assert call is not None, line
+            name, path, how = call.group(1), call.group(2), call.group(4)
+            now.append(f"{name} {Path(path).name}{' ' + how if how else ''}")
+    return calls
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_durable_write_is_synced_after_the_lock_is_let_go_and_before_it_returns(tmp_path):
+    """The write-ahead log's sync comes after the write lock is let go, so other processes'
+    writes never wait for it, and before the write returns, so what it returned is on disk. A
+    write that need not be durable is not synced at all."""
+    calls = _traced_writes(tmp_path, "FULL")
+    assert calls["durable"] == [
+        "flock traced.sqlite3.lock LOCK_EX",
+        "flock traced.sqlite3.lock LOCK_UN",
+        "fdatasync traced.sqlite3-wal",
+    ]
+    # The first durable write of the write connection syncs the log's entry in its folder too.
+    assert calls["first"] == [*calls["durable"], f"fsync {tmp_path.name}"]
+    assert calls["relaxed"] == [
+        "flock traced.sqlite3.lock LOCK_EX",
+        "flock traced.sqlite3.lock LOCK_UN",
+    ]
+    # With MAILSVC_SQLITE_SYNCHRONOUS=NORMAL, nothing is synced (a power cut may lose the last
+    # writes; SQLite's checkpoints still sync what they copy).
+    (tmp_path / "normal").mkdir()
+    calls = _traced_writes(tmp_path / "normal", "NORMAL")
+    unsynced = ["flock traced.sqlite3.lock LOCK_EX", "flock traced.sqlite3.lock LOCK_UN"]
+    assert calls["durable"] == calls["relaxed"] == unsynced

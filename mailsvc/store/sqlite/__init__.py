@@ -81,8 +81,21 @@ class SqliteStore:
     """The store in one SQLite file.
 
     :param path: the database file; its folder is created when missing.
-    :param synchronous: the ``synchronous`` pragma of durable writes (``FULL``: a commit is on
-        disk before it returns).
+    :param synchronous: ``FULL`` or ``EXTRA``: a durable write is on disk before it returns;
+        ``NORMAL``: it is not (SQLite's ``synchronous`` pragma of that name: a power cut may
+        lose the last writes, never the file).
+
+    A durable write is made as SQLite's ``synchronous = FULL`` makes it, with one change: the
+    write-ahead log is synced after the write lock is let go, not under it. The transaction
+    commits under the lock with ``synchronous = NORMAL`` (its pages written to the log, not
+    synced); then, with the lock let go, one ``fdatasync`` of the log makes it durable, and
+    only then does the write return. Every writer of every process appends to the one log, in
+    the order of their commits, so a sync takes to disk every commit before it too; and SQLite
+    syncs the log before a checkpoint copies it into the database, and the database after,
+    before the log is written over from its start (``synchronous = NORMAL``'s own rule). So
+    what a durable write returned is on disk, as before; and the 0.2 to 0.3 ms of a sync no
+    longer keeps every other process's writes waiting for the lock (accept at peak 1.23x,
+    SMTP on 32 connections 1.17x: see Performance).
     """
 
     backend = "sqlite"
@@ -98,11 +111,14 @@ class SqliteStore:
         self._idle: list[sqlite3.Connection] = []
         #: The write connection, its lock file, and the process that opened them.
         self._writing: tuple[sqlite3.Connection, int, int] | None = None
+        #: The folder's entry of the log has been synced since the write connection opened.
+        self._log_entry_synced = False
         #: Called with how long each job of a committed transaction waited, and how long it
         #: held the write lock (the metrics).
         self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
         self._writer = Writer(
             self._transaction,
+            self._sync_log,
             self._close_writing,
             lambda waits, held: self.on_commit(waits, held),
         )
@@ -213,15 +229,17 @@ class SqliteStore:
         connection.close()
 
     @contextmanager
-    def _transaction(self, durable: bool) -> Iterator[SqlVerbs]:
-        """A write transaction on the write connection, under the file lock."""
+    def _transaction(self) -> Iterator[SqlVerbs]:
+        """A write transaction on the write connection, under the file lock; committed, not
+        synced (:meth:`_sync_log`)."""
         if self._writing is None or self._writing[2] != os.getpid():
             lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT)
-            self._writing = (self._open(), lock_fd, os.getpid())
+            connection = self._open()
+            connection.execute("PRAGMA synchronous = NORMAL")
+            self._writing = (connection, lock_fd, os.getpid())
+            self._log_entry_synced = False
         connection, lock_fd, _ = self._writing
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        if not durable:
-            connection.execute("PRAGMA synchronous = NORMAL")
         try:
             connection.execute("BEGIN IMMEDIATE")
             try:
@@ -231,9 +249,27 @@ class SqliteStore:
                 raise
             connection.execute("COMMIT")
         finally:
-            if not durable:
-                connection.execute(f"PRAGMA synchronous = {self.synchronous}")
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _sync_log(self) -> None:
+        """Make every transaction committed so far durable: the write-ahead log synced (and,
+        the first time since the write connection opened, its entry in the folder). The log
+        cannot be removed meanwhile: SQLite removes it only with the last connection to the
+        database, and the write connection is open."""
+        if self.synchronous == "NORMAL":
+            return
+        log = os.open(f"{self.path}-wal", os.O_RDONLY)
+        try:
+            os.fdatasync(log)
+        finally:
+            os.close(log)
+        if not self._log_entry_synced:
+            folder = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
+            self._log_entry_synced = True
 
     def _close_writing(self) -> None:
         if self._writing is not None:

@@ -8,8 +8,10 @@ wake-up of a sleeping thread, about 0.1 ms of CPU on a virtual machine, and its 
 interpreter's lock). The callers that come while a transaction is under way queue and wait;
 the writer thread, handed the queue, commits what waits in batches until nothing does, so under
 load many jobs share one lock acquisition and one fsync, and only one thread in each process
-competes for the database's write lock. Each job of a batch runs in a savepoint of its own: a
-job that raises leaves no trace, and the others in its batch commit as if it had not been there.
+competes for the database's write lock. The fsync comes once the lock is let go (the store's
+``sync``), before the batch's callers are answered: other processes' writes do not wait for it.
+Each job of a batch runs in a savepoint of its own: a job that raises leaves no trace, and the
+others in its batch commit as if it had not been there.
 
 A process whose other threads run at a lower priority than the process that answers requests
 (the delivering process and its helpers, ``MAILSVC_DELIVERY_NICE``) has every job committed by
@@ -63,7 +65,10 @@ class Writer:
     """The writer of one process: who commits, and the queue of what waits. Its thread starts
     when first handed a queue, in the process that uses it (never carried across ``fork()``).
 
-    :param transaction: opens a write transaction on the process's write connection.
+    :param transaction: opens a write transaction on the process's write connection, under
+        the database's write lock; committed when it ends, not yet on disk.
+    :param sync: makes every transaction committed so far durable; called after a transaction
+        with a durable job in it has let the write lock go, before its jobs return.
     :param close: closes that connection (the next transaction opens it again).
     :param observe: called, once a transaction has committed and let the file lock go, with
         how long each of its jobs waited for it and how long it held the lock.
@@ -71,11 +76,13 @@ class Writer:
 
     def __init__(
         self,
-        transaction: Callable[[bool], AbstractContextManager[SqlVerbs]],
+        transaction: Callable[[], AbstractContextManager[SqlVerbs]],
+        sync: Callable[[], None],
         close: Callable[[], None],
         observe: Callable[[Sequence[float], float], None] = lambda waits, held: None,
     ) -> None:
         self._transaction = transaction
+        self._sync = sync
         self._close = close
         self._observe = observe
         self._lock = threading.Lock()
@@ -213,7 +220,7 @@ class Writer:
 
     def _commit(self, jobs: list[_Job[object]]) -> None:
         try:
-            with self._transaction(any(job.durable for job in jobs)) as tx:
+            with self._transaction() as tx:
                 began = time.perf_counter()
                 # Each waited for the writer, then the file lock.
                 waits = [began - job.queued_at for job in jobs]
@@ -228,11 +235,14 @@ class Writer:
                         job.error = exc
                         if alone:
                             raise
-        except BaseException as exc:  # the commit failed: nothing of the batch stands
+            held = time.perf_counter() - began  # (from BEGIN until the lock was let go)
+            if any(job.durable for job in jobs):
+                self._sync()
+        except BaseException as exc:  # the commit (or its sync) failed: no job's result stands
             for job in jobs:
                 job.error = job.error or exc
-        else:  # (from BEGIN until the lock was let go, the COMMIT's sync among it)
-            self._observe(waits, time.perf_counter() - began)
+        else:
+            self._observe(waits, held)
         finally:
             for job in jobs:
                 job.done()
