@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mailsvc.store import SqliteStore
+from mailsvc.store import SqliteStore, StoreOutage
 
 pytestmark = pytest.mark.sqlite_only  # the SQLite backend's own group commit
 
@@ -273,3 +273,17 @@ def test_a_durable_write_is_synced_after_the_lock_is_let_go_and_before_it_return
     calls = _traced_writes(tmp_path / "normal", "NORMAL")
     unsynced = ["flock traced.sqlite3.lock LOCK_EX", "flock traced.sqlite3.lock LOCK_UN"]
     assert calls["durable"] == calls["relaxed"] == unsynced
+
+
+def test_a_write_whose_log_cannot_be_synced_is_refused_as_an_outage(db):
+    """A durable write is answered only once its log is synced: when the log cannot be (here
+    it was removed from under the store), the write is refused with the store's outage (a
+    503 with Retry-After to a client), never answered as done."""
+    db.write(_insert("before"))
+    os.unlink(f"{db.path}-wal")
+    with pytest.raises(StoreOutage) as refused:
+        db.write(_insert("durable"))
+    assert refused.value.condition == "it cannot be written"
+    assert "the write-ahead log cannot be synced" in refused.value.detail
+    # A write that need not be durable is not synced, and goes on.
+    assert db.write(_insert("relaxed"), durable=False)[0] == "relaxed"

@@ -13,6 +13,7 @@ datagram each (see :mod:`..announcements`).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -255,21 +256,23 @@ class SqliteStore:
         """Make every transaction committed so far durable: the write-ahead log synced (and,
         the first time since the write connection opened, its entry in the folder). The log
         cannot be removed meanwhile: SQLite removes it only with the last connection to the
-        database, and the write connection is open."""
+        database, and the write connection is open. A sync that fails is an outage, as a
+        failed ``COMMIT`` is (``SQLITE_FULL`` or ``SQLITE_IOERR``); unlike one, the
+        transaction is committed, though maybe not on disk: its caller is told it failed, and
+        a client that sends it again may queue it twice (with an ``Idempotency-Key``, or the
+        same SMTP ``Message-ID``, it gets the same email)."""
         if self.synchronous == "NORMAL":
             return
-        log = os.open(f"{self.path}-wal", os.O_RDONLY)
         try:
-            os.fdatasync(log)
-        finally:
-            os.close(log)
-        if not self._log_entry_synced:
-            folder = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
-            self._log_entry_synced = True
+            _sync(f"{self.path}-wal", os.fdatasync)
+            if not self._log_entry_synced:
+                _sync(self.path.parent, os.fsync)
+                self._log_entry_synced = True
+        except OSError as exc:
+            condition = FULL if exc.errno in (errno.ENOSPC, errno.EDQUOT) else NOT_WRITABLE
+            raise self.conditions.began(
+                condition, f"{self.path}: the write-ahead log cannot be synced: {exc.strerror}"
+            ) from None
 
     def _close_writing(self) -> None:
         if self._writing is not None:
@@ -289,6 +292,15 @@ class SqliteStore:
         connection.execute("PRAGMA foreign_keys = ON")
         _migrate(connection, self.path)
         return connection
+
+
+def _sync(path: str | os.PathLike[str], sync: Callable[[int], None]) -> None:
+    """``sync`` the file (or folder) at ``path``."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        sync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 _migrated: set[tuple[int, Path]] = set()
