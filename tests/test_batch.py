@@ -75,6 +75,21 @@ def test_one_invalid_item_refuses_the_batch_naming_each_failing_item(client, ten
     assert count_by_status(app.store) == {} and credits(app, tenant) == before
 
 
+def test_items_that_share_a_mailbox_each_get_it_and_each_refusal_is_named(client, tenant, app):
+    """A batch parses a mailbox its items share once; each item still has its own, and an
+    address refused in two items is refused in both, each named."""
+    items = [email_body(to="Ann <ann@example.org>") for _ in range(3)]
+    response = batch(client, tenant, items)
+    assert response.status_code == 200
+    for item in response.get_json()["data"]:
+        shown = client.get(f"/v1/emails/{item['id']}", headers=tenant.headers).get_json()
+        assert (shown["from"], shown["to"]) == (items[0]["from"], ["Ann <ann@example.org>"])
+    items[0]["to"] = items[1]["to"] = "not-an-address"
+    message = assert_error(batch(client, tenant, items), 400)["message"]
+    assert "[0].to: not a valid email address" in message, message
+    assert "[1].to: not a valid email address" in message, message
+
+
 def test_an_item_without_a_body_is_named_as_an_item(client, tenant):
     items = [email_body(), email_body(text=None)]
     message = assert_error(batch(client, tenant, items), 400)["message"]

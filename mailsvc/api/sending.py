@@ -79,8 +79,9 @@ def parse_batch(
     body: list[dict[str, Any]], settings: Settings, problems: Problems
 ) -> list[SendRequest]:
     """:raises ValidationFailed: listing every problem of every item (``[3].to: ...``)."""
+    known: dict[str, Mailbox] = {}  # (the items' mailboxes, parsed once a batch)
     requests = [
-        read_request(item, settings, problems.within(f"[{index}]."))
+        read_request(item, settings, problems.within(f"[{index}]."), known)
         if isinstance(item, dict)
         else None
         for index, item in enumerate(body)
@@ -90,14 +91,23 @@ def parse_batch(
 
 
 def read_request(
-    body: dict[str, Any], settings: Settings, problems: Problems
+    body: dict[str, Any],
+    settings: Settings,
+    problems: Problems,
+    known: dict[str, Mailbox] | None = None,
 ) -> SendRequest | None:
-    """The request, as far as it parses; each problem noted in ``problems``."""
-    boxes = {field: _mailboxes(body, field, problems) for field in (*_KINDS, "replyTo")}
+    """The request, as far as it parses; each problem noted in ``problems``.
+
+    :param known: mailboxes parsed before, by their text, and where those this request parses
+        are kept: a batch's items most often share their sender, and often their recipients
+        (one request's, never kept beyond it).
+    """
+    known = {} if known is None else known
+    boxes = {field: _mailboxes(body, field, problems, known) for field in (*_KINDS, "replyTo")}
     sender = None
     if not problems.failed("from") and "from" in body:
         with problems.checking("from"):
-            sender = parse_mailbox(body["from"], "from")
+            sender = _mailbox(body["from"], "from", known)
     request_fields: dict[str, Any] = {}
     if not problems.failed("attachments"):
         limits = AttachmentLimits(settings.attachments_max_bytes, settings.attachments_max_count)
@@ -133,7 +143,9 @@ def read_request(
     return request
 
 
-def _mailboxes(body: dict[str, Any], field: str, problems: Problems) -> tuple[Mailbox, ...]:
+def _mailboxes(
+    body: dict[str, Any], field: str, problems: Problems, known: dict[str, Mailbox]
+) -> tuple[Mailbox, ...]:
     value = body.get(field)
     if value is None or problems.failed(field):
         return ()
@@ -145,8 +157,19 @@ def _mailboxes(body: dict[str, Any], field: str, problems: Problems) -> tuple[Ma
     parsed = []
     for name, item in items:
         with problems.checking(name):
-            parsed.append(parse_mailbox(item, name))
+            parsed.append(_mailbox(item, name, known))
     return tuple(parsed)
+
+
+def _mailbox(value: str, field: str, known: dict[str, Mailbox]) -> Mailbox:
+    """:func:`parse_mailbox`, once for each text in ``known``; a refusal is not kept, so that
+    each field refused names itself."""
+    if not isinstance(value, str):  # (the schema lets none through; parse_mailbox refuses it)
+        return parse_mailbox(value, field)
+    found = known.get(value)
+    if found is None:
+        found = known[value] = parse_mailbox(value, field)
+    return found
 
 
 def prepare(
