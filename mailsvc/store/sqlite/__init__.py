@@ -256,11 +256,14 @@ class SqliteStore:
         """Make every transaction committed so far durable: the write-ahead log synced (and,
         the first time since the write connection opened, its entry in the folder). The log
         cannot be removed meanwhile: SQLite removes it only with the last connection to the
-        database, and the write connection is open. A sync that fails is an outage, as a
-        failed ``COMMIT`` is (``SQLITE_FULL`` or ``SQLITE_IOERR``); unlike one, the
-        transaction is committed, though maybe not on disk: its caller is told it failed, and
-        a client that sends it again may queue it twice (with an ``Idempotency-Key``, or the
-        same SMTP ``Message-ID``, it gets the same email)."""
+        database, and the write connection is open. The log is opened by its name at each sync
+        (two system calls beside the sync), not kept open: a log removed from under the store
+        is then an outage, where a kept descriptor would go on syncing the removed file. A
+        sync that fails is an outage, as a failed ``COMMIT`` is (``SQLITE_FULL`` or
+        ``SQLITE_IOERR``); unlike one, the transaction is committed, though maybe not on disk:
+        its caller is told it failed, and a client that sends it again may queue it twice
+        (with an ``Idempotency-Key``, or the same SMTP ``Message-ID``, it gets the same
+        email)."""
         if self.synchronous == "NORMAL":
             return
         try:
