@@ -203,9 +203,18 @@ class Gunicorn:
             if parent == self.process.pid and _name(pid) == DELIVERY_PROCESS_NAME
         ]
         for supervisor in supervisors:
-            for pid, parent in processes:
-                if parent == supervisor and _name(pid) == DELIVERY_PROCESS_NAME:
-                    return supervisor, pid
+            # The first the supervisor started: a helper it has just forked bears the same name
+            # until it names itself, and pids wrap around (at 32,768 here), so the lower pid
+            # is not always the older process.
+            named = [
+                pid
+                for pid, parent in processes
+                if parent == supervisor and _name(pid) == DELIVERY_PROCESS_NAME
+            ]
+            started = {pid: _start_time(pid) for pid in named}
+            alive = [pid for pid in named if started[pid] is not None]
+            if alive:
+                return supervisor, min(alive, key=lambda pid: started[pid] or 0)
         return None
 
     def helper_pids(self) -> list[int]:
@@ -347,6 +356,14 @@ def _name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def _start_time(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (None: it has ended)."""
+    try:
+        return int(proc_stat(pid)[19])  # (field 22, starttime)
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def proc_stat(pid: int) -> list[str]:
