@@ -65,6 +65,7 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
     """The database as mailsvc left it before the index existed (migration 10), and the
     ``MAILSVC_DATABASE`` to open it with."""
     undo = [
+        "DROP TABLE email_bodies",  # migration 17
         "DROP TABLE daily_outcomes",  # migration 15 (which dropped 14's index too)
         "DROP TABLE dashboard_sessions",  # migration 14
         "DROP INDEX emails_waiting_for_relay",  # migration 12
@@ -95,7 +96,9 @@ def _turn_back_to_version_10(backend: str, database: str) -> str:
         connection.execute("DROP FUNCTION mailsvc_refuse(text)")  # migration 16
         for statement in undo:
             connection.execute(statement)
-        connection.execute("DELETE FROM schema_migrations WHERE version IN (11, 12, 14, 15, 16)")
+        connection.execute(
+            "DELETE FROM schema_migrations WHERE version IN (11, 12, 14, 15, 16, 17)"
+        )
     return database
 
 

@@ -153,6 +153,7 @@ def test_migrate_data_moves_everything_and_queued_mail_is_delivered_once(
             tags=[{"name": "kind", "value": "receipt"}],
             attachments=[{"filename": "r.pdf", "content": base64.b64encode(receipt).decode()}],
             scheduledAt=iso_time(clock() + 3600),
+            html="<p>" + "x" * 70_000 + "</p>",  # large: kept apart, in email_bodies
         ),
         headers=tenant.headers,
     ).get_json()["id"]
@@ -169,6 +170,7 @@ def test_migrate_data_moves_everything_and_queued_mail_is_delivered_once(
     assert report["copied"]["emails"] == 6 and report["copied"]["accounts"] == 1
     assert report["copied"]["recipients"] == 8 and report["copied"]["idempotency_keys"] == 1
     assert report["copied"]["attachments"] == 1 and report["copied"]["email_tags"] == 1
+    assert report["copied"]["email_bodies"] == 1
     again = run_cli(source, "migrate-data", "--to", database)
     assert again.returncode == 1 and "the PostgreSQL store is not empty" in again.stderr
 

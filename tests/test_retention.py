@@ -41,7 +41,9 @@ def test_old_final_mail_is_purged_with_everything_it_holds_and_nothing_else(
     old_sent = [
         client.post(
             "/v1/emails",
-            json=email_body(attachments=files, tags=[{"name": "k", "value": "v"}]),
+            json=email_body(
+                attachments=files, tags=[{"name": "k", "value": "v"}], text="long " * 16_000
+            ),  # (a body large enough to be kept apart, in email_bodies)
             headers=tenant.headers,
         ).get_json()["id"]
         for _ in range(3)
@@ -69,7 +71,14 @@ def test_old_final_mail_is_purged_with_everything_it_holds_and_nothing_else(
         assert client.get(f"/v1/emails/{email_id}", headers=tenant.headers).status_code == 200
     with app.store.read() as view:
         connection = view.connection  # type: ignore[attr-defined]
-        for table in ("recipients", "events", "attachments", "email_tags", "webhook_deliveries"):
+        for table in (
+            "recipients",
+            "events",
+            "attachments",
+            "email_tags",
+            "webhook_deliveries",
+            "email_bodies",
+        ):
             left = connection.execute(
                 f"SELECT count(*) FROM {table} WHERE email_seq NOT IN (SELECT seq FROM emails)"
             ).fetchone()[0]

@@ -31,6 +31,7 @@ from mailsvc.store import (
     tokens_at,
 )
 from mailsvc.store.history import OUTCOME_SHARDS
+from mailsvc.store.sqlite import DIALECT as SQLITE
 
 RACERS = 8
 
@@ -690,6 +691,54 @@ def test_an_owners_leases_are_listed_by_every_store_and_given_back_once(stores):
     assert stores[1].write(lambda tx: tx.webhook_delivery_leases("me")) == leased_seqs
     stores[2].write(lambda tx: tx.release_webhook_claims("me", leased_seqs[:1], 120.0))
     assert store.write(lambda tx: tx.webhook_delivery_leases("me")) == leased_seqs[1:]
+
+
+def test_a_large_body_comes_back_whole_and_on_sqlite_is_kept_apart(stores, backend):
+    """On SQLite a body over the dialect's inline_body_chars is written once, in
+    ``email_bodies``, not in the email's row (which every claim and outcome rewrites whole
+    there); PostgreSQL keeps every body in its row (out of line, TOASTed). Every way an email
+    is read back gives it whole, whichever verb queued it."""
+    store = stores[0]
+    owner = account(store, credits=10)
+    sender_domain(store, owner)
+    html = "<p>" + "é" * SQLITE.inline_body_chars + "</p>"
+    text = "t" * 10
+    alone = replace(new_email("em_alone", owner, "a@verified.test"), html=html, text=text)
+    waiting = replace(new_email("em_waiting", owner, "a@verified.test"), html=html, text=None)
+    batch = [
+        replace(new_email("em_batch_large", owner, "a@verified.test"), text=html),
+        replace(new_email("em_batch_small", owner, "a@verified.test"), html="<p>small</p>"),
+    ]
+    store.write(lambda tx: tx.enqueue_email(alone))
+    store.write(lambda tx: tx.enqueue_email_or_refuse(waiting, RuntimeError))
+    store.write(lambda tx: tx.enqueue_emails(batch))
+    expected = {
+        "em_alone": (html, text),
+        "em_waiting": (html, None),
+        "em_batch_large": (None, html),
+        "em_batch_small": ("<p>small</p>", "t"),
+    }
+    for email_id, bodies in expected.items():
+        shown = store.reads.get_email(owner, email_id)
+        assert (shown.html, shown.text) == bodies, email_id
+    listed = store.reads.list_emails(owner, EmailFilter(), None, 10)
+    assert {found.id: (found.html, found.text) for found in listed} == expected
+    claimed, _ = store.write(lambda tx: tx.claim_to_send("claimer", 2.0, 60.0, 10))
+    assert {found.id: (found.html, found.text) for found in claimed} == expected
+    with store.read() as view:
+        rows = view.connection.execute(  # type: ignore[attr-defined]
+            "SELECT emails.id, emails.html IS NULL AND emails.text IS NULL, "
+            "email_bodies.email_seq IS NOT NULL FROM emails "
+            "LEFT JOIN email_bodies ON email_bodies.email_seq = emails.seq"
+        ).fetchall()
+    apart = {email_id: bool(empty) and bool(kept) for email_id, empty, kept in rows}
+    large = backend == "sqlite"
+    assert apart == {
+        "em_alone": large,
+        "em_waiting": large,
+        "em_batch_large": large,
+        "em_batch_small": False,
+    }
 
 
 def test_a_batch_is_queued_whole_with_everything_each_email_holds(stores):

@@ -9,13 +9,29 @@ from typing import Any
 from .records import AttachmentInfo, EmailFilter, EmailRecord, Event, Recipient
 from .sql import Connection, Dialect, marks
 
-EMAIL_COLUMNS = (
+
+def _body(column: str) -> str:
+    """An email's ``html`` or ``text``: in its row, or, for a large body, in ``email_bodies``
+    (see :attr:`~.sql.Dialect.inline_body_chars`)."""
+    return (
+        f"COALESCE(emails.{column}, "
+        f"(SELECT b.{column} FROM email_bodies AS b WHERE b.email_seq = emails.seq))"
+    )
+
+
+_EMAIL_FIELDS = (
     "seq, id, account_id, status, sender_name, sender_address, reply_to, subject, html, text, "
     "template_id, message_id, created_at, sent_at, last_error, attempts, due_at, headers, "
     "charged, scheduled_at"
-)
+).split(", ")
+#: The fields a large email keeps in ``email_bodies``.
+_BODY_FIELDS = ("html", "text")
+#: What an email record is read from (``FROM emails``, or ``RETURNING`` of a change of it).
+EMAIL_COLUMNS = ", ".join(_body(name) if name in _BODY_FIELDS else name for name in _EMAIL_FIELDS)
 #: The same columns, named for a query that joins emails to another table.
-_QUALIFIED_EMAIL_COLUMNS = ", ".join(f"emails.{name.strip()}" for name in EMAIL_COLUMNS.split(","))
+_QUALIFIED_EMAIL_COLUMNS = ", ".join(
+    _body(name) if name in _BODY_FIELDS else f"emails.{name}" for name in _EMAIL_FIELDS
+)
 
 
 #: Rows each account's count of an outcome on a day is spread over (by the email's seq), so that

@@ -67,7 +67,7 @@ class OperationVerbs:
 
     def purge_emails(self, created_before: float, limit: int) -> int:
         """Delete up to ``limit`` final emails created before ``created_before``, with their
-        recipients, events, attachments, tags and webhook deliveries; how many."""
+        recipients, events, attachments, tags, large bodies and webhook deliveries; how many."""
         seqs = [
             row[0]
             for row in self.connection.execute(
@@ -84,7 +84,14 @@ class OperationVerbs:
             f"(SELECT seq FROM webhook_deliveries WHERE email_seq {these})",
             seqs,
         )
-        for table in ("webhook_deliveries", "events", "recipients", "attachments", "email_tags"):
+        for table in (
+            "webhook_deliveries",
+            "events",
+            "recipients",
+            "attachments",
+            "email_tags",
+            "email_bodies",
+        ):
             self.run(f"DELETE FROM {table} WHERE email_seq {these}", seqs)
         self.connection.execute(f"DELETE FROM emails WHERE seq {these}", seqs)
         return len(seqs)

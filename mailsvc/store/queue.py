@@ -192,10 +192,11 @@ class QueueVerbs(HistoryVerbs):
         return [seqs.get(email.id) for email in emails]
 
     def _email_values(self, email: NewEmail) -> tuple[Any, ...]:
-        """The values of :data:`_NEW_EMAIL` for an accepted email."""
+        """The values of :data:`_NEW_EMAIL` for an accepted email (a large body apart)."""
         nobody = all(r.status == statuses.SUPPRESSED for r in email.recipients)
         scheduled = email.scheduled_at is not None
         status = statuses.SCHEDULED if scheduled else statuses.QUEUED
+        inline = not self._body_apart(email)
         return (
             email.id,
             email.account_id,
@@ -204,8 +205,8 @@ class QueueVerbs(HistoryVerbs):
             email.sender_address,
             self._json(list(email.reply_to)) if email.reply_to else None,
             email.subject,
-            email.html,
-            email.text,
+            email.html if inline else None,
+            email.text if inline else None,
             email.template_id,
             self.dialect.json_param(email.variables) if email.variables is not None else None,
             email.message_id,
@@ -216,9 +217,19 @@ class QueueVerbs(HistoryVerbs):
             email.scheduled_at,
         )
 
+    def _body_apart(self, email: NewEmail) -> bool:
+        """Whether the email's html and text are kept in ``email_bodies``, not in its row (see
+        :attr:`~.sql.Dialect.inline_body_chars`)."""
+        most = self.dialect.inline_body_chars
+        return most is not None and len(email.html or "") + len(email.text or "") > most
+
     def _email_rows(self, queued: Sequence[tuple[int | _SessionsEmail, NewEmail]]) -> None:
-        """What queued emails hold beside their own row: recipients, files, tags, and the
-        events of recipients left out (suppressed), a statement for each kind."""
+        """What queued emails hold beside their own row: large bodies, recipients, files, tags,
+        and the events of recipients left out (suppressed), a statement for each kind."""
+        self._insert_rows(
+            "email_bodies (email_seq, html, text)",
+            [(seq, email.html, email.text) for seq, email in queued if self._body_apart(email)],
+        )
         self._insert_rows(
             "recipients (email_seq, account_id, position, address, status, kind, name, reply)",
             [

@@ -60,6 +60,12 @@ class Dialect:
     #: sender domain an email is queued under): another transaction's change of them waits.
     #: (SQLite's one writer at a time holds the whole database.)
     share_lock: str = ""
+    #: Most characters of html and text an email keeps in its own row; a larger body goes to
+    #: ``email_bodies``, written once (SQLite rewrites a row whole, with its overflow pages,
+    #: at each change of it: a claim of a 10 MB email held its one write lock 136 ms). None:
+    #: every body in its row (PostgreSQL keeps large values out of line, and its hosts are
+    #: upgraded one by one: a process of a version before reads a body only there).
+    inline_body_chars: int | None = None
 
 
 @dataclass(frozen=True)

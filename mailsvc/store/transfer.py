@@ -23,6 +23,7 @@ TABLES: tuple[str, ...] = (
     "domains",
     "account_limits",
     "emails",
+    "email_bodies",
     "recipients",
     "events",
     "attachments",

@@ -75,6 +75,7 @@ DIALECT = Dialect(
     check_violation=_violation(_CHECK_FAILED),
     json_param=lambda text: text,
     from_json=json.loads,
+    inline_body_chars=65536,
 )
 
 
