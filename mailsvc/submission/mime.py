@@ -92,7 +92,7 @@ def read_message(raw: bytes, recipients: list[str]) -> Submitted:
 
     :raises BadMessage: the message cannot be read as one.
     """
-    # The header section ends at its first empty line (its CRLF counted in, at most the most).
+    # The header section ends at its first empty line, looked for only as far as it may go.
     head_end = 0 if raw.startswith(b"\r\n") else raw.find(b"\r\n\r\n", 0, MAX_HEADER_BYTES + 2)
     if head_end < 0 and len(raw) > MAX_HEADER_BYTES:
         raise BadMessage(f"the header section is longer than {MAX_HEADER_BYTES} octets")
