@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from werkzeug.test import Client
 
 from mailsvc import create_app
@@ -92,6 +93,28 @@ def test_metrics_are_served_only_with_their_token(config, clock):
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_a_scrape_passes_over_the_file_of_a_process_still_starting(
+    config, clock, tmp_path, monkeypatch
+):
+    """A process that starts (a gunicorn worker, a submission process) creates its metrics file
+    empty and sizes it a moment later: a scrape in between counts every other process and
+    answers 200, where prometheus_client's own merge failed it with a 500."""
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    written = MmapedDict(str(folder / "counter_111.db"))
+    key = mmap_key("mailsvc_emails_accepted", "mailsvc_emails_accepted_total", [], [], "h")
+    written.write_value(key, 7.0, 0.0)
+    written.close()
+    (folder / "counter_222.db").touch()  # a process between creating its file and sizing it
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(folder))
+    config.update(metrics_token=TOKEN)
+    app = create_app(config, clock=clock)
+    scraped = Client(app).get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert scraped.status_code == 200, scraped.get_data(as_text=True)
+    text = scraped.get_data(as_text=True)
+    assert "mailsvc_emails_accepted_total 7.0" in text and "mailsvc_queue_emails" in text
 
 
 def test_metrics_count_requests_mail_and_the_queue(config, clock, sink):

@@ -1099,6 +1099,7 @@ def test_its_metrics_are_in_gunicorns_metrics_when_they_share_a_folder(deploymen
         server.stop()  # a stopped process's live gauge is gone; its counts stay
         assert metric('mailsvc_submission_messages_total{outcome="accepted"}') == 1
     finally:
+        session.close()  # (already quit, unless an assertion failed before: no socket left open)
         assert "Traceback" not in api.stop()
 
 

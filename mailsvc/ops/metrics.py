@@ -10,6 +10,7 @@ a process would be one process's view).
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -22,7 +23,6 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 from prometheus_client import (  # noqa: E402
     CONTENT_TYPE_LATEST,
     REGISTRY,
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
@@ -82,6 +82,19 @@ def forget_the_dead(folder: str, kinds: tuple[str, ...] = ("",)) -> None:
         if pid.isdigit() or kinds == ("",):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(folder, entry))
+
+
+def _begun(folder: str) -> list[str]:
+    """The multiprocess ``folder``'s files that their processes have begun to write. A process
+    that starts creates its file empty and sizes it a moment later; prometheus_client's merge
+    fails on a file read in between (``struct.error``: a 500 of ``/metrics`` while a worker or a
+    submission process starts). A file removed meanwhile (a gone process's) is left out too."""
+    begun = []
+    for path in glob.glob(os.path.join(folder, "*.db")):
+        with contextlib.suppress(OSError):
+            if os.path.getsize(path) > 0:
+                begun.append(path)
+    return begun
 
 
 def _alive(pid: int) -> bool:
@@ -152,10 +165,9 @@ class _Scrape:
         self.now = now
 
     def collect(self) -> Iterator[Metric]:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            counted = CollectorRegistry()
-            MultiProcessCollector(counted)
-            yield from counted.collect()
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if folder:
+            yield from MultiProcessCollector.merge(_begun(folder), accumulate=True)
         else:
             yield from REGISTRY.collect()
         depth, oldest_due = self.store.reads.queue_depth(self.now)
