@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import time
+from email import message_from_bytes
 
 import pytest
 from werkzeug.test import Client
@@ -53,6 +54,10 @@ def test_old_final_mail_is_purged_with_everything_it_holds_and_nothing_else(
     ).get_json()["id"]
     for email_id in old_sent:
         wait_status(client, tenant, email_id, "sent")
+    for received in sink.wait_for(3):  # each with its body, read apart from its claim
+        parts = message_from_bytes(received.data).walk()
+        [plain] = [part for part in parts if part.get_content_type() == "text/plain"]
+        assert plain.get_payload(decode=True).decode().rstrip() == ("long " * 16_000).rstrip()
     wait_status(client, tenant, old_deferred, "deferred")
     receiver.wait_for(3)
     app.stop(timeout=5)

@@ -313,6 +313,9 @@ class DeliveryPool(LeasedPool[Claimed]):
     ) -> list[Reply]:
         """Send to these recipients: in one envelope, or, with a return path, one each."""
         email, key = claimed.email, claimed.signing_key
+        if email.html is None and email.text is None:  # a body kept apart: read it now
+            html, text = self.store.reads.email_body(email.seq)
+            email = replace(email, html=html, text=text)
         built: dict[bool, bytes] = {}
 
         def build(utf8: bool) -> bytes:

@@ -134,6 +134,11 @@ class Reads(Protocol):
         """The account's email; None for an unknown id or another account's."""
         ...
 
+    def email_body(self, seq: int) -> tuple[str | None, str | None]:
+        """The html and text of an email whose body is kept apart (SQLite, over the dialect's
+        ``inline_body_chars``), which a claim leaves out; ``(None, None)`` for another."""
+        ...
+
     def list_emails(
         self, account_id: str, where: EmailFilter, before_seq: int | None, limit: int
     ) -> list[EmailRecord]:
@@ -447,7 +452,9 @@ class Writes(Reads, Protocol):
         Two claimers running at once never get the same email: a claimed email is not due again
         until its lease (``lease_seconds``) runs out. With ``leases_ended_before``, an email
         whose lease ran out at that time or later is left to its holder (a lease that ran out
-        while the store was out: its holder renews it, or records its outcome, once it can)."""
+        while the store was out: its holder renews it, or records its outcome, once it can).
+        An email whose body is kept apart comes without it (``html`` and ``text`` None), so
+        that the claim does not read it under SQLite's write lock: :meth:`email_body`."""
         ...
 
     def claim_to_send(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from .. import statuses
 from .accounts import CREDITS_CHECK
 from .contract import CreditExhausted, LeaseLost
-from .history import EMAIL_COLUMNS, HistoryVerbs
+from .history import CLAIMED_COLUMNS, EMAIL_COLUMNS, HistoryVerbs
 from .records import Attachment, Attempted, EmailRecord, NewEmail, Recipient
 from .sql import Contended, marks
 
@@ -361,7 +361,7 @@ class QueueVerbs(HistoryVerbs):
         rows = self.connection.execute(
             f"UPDATE emails SET status = ?, lease_owner = ?, due_at = ?, attempts = attempts + 1 "
             f"WHERE seq IN (SELECT seq FROM emails WHERE due_at <= ?{leases} ORDER BY due_at "
-            f"LIMIT ?{self.dialect.skip_locked}) RETURNING {EMAIL_COLUMNS}",
+            f"LIMIT ?{self.dialect.skip_locked}) RETURNING {CLAIMED_COLUMNS}",
             (
                 statuses.SENDING,
                 owner,
@@ -372,6 +372,13 @@ class QueueVerbs(HistoryVerbs):
             ),
         ).fetchall()
         return self.with_recipients(rows)
+
+    def email_body(self, seq: int) -> tuple[str | None, str | None]:
+        """See :meth:`~mailsvc.store.contract.Reads.email_body`."""
+        row = self.connection.execute(
+            "SELECT html, text FROM email_bodies WHERE email_seq = ?", (seq,)
+        ).fetchone()
+        return (row[0], row[1]) if row else (None, None)
 
     def next_due_at(self) -> float | None:
         row = self.connection.execute(
