@@ -11,6 +11,7 @@ import dkim
 import pytest
 
 from mailsvc import operator
+from mailsvc.delivery.pool import FILES_IN_THE_CLAIM_BYTES
 
 from .conftest import VERIFIED, assert_error, count_by_status, email_body
 from .test_delivery import post, wait_status
@@ -160,6 +161,31 @@ def test_attachments_arrive_byte_identical_inline_and_attached(delivering, sink)
     assert not BARE_EOL.search(received.data) and max(map(len, lines)) <= 998
     encoded = [line for line in lines if re.fullmatch(rb"[A-Za-z0-9+/=]{40,}", line)]
     assert encoded and max(map(len, encoded)) == 76
+
+
+def test_large_files_are_left_out_of_the_claim_and_read_by_their_sender(app, client, tenant):
+    """A claim reads files with the emails it takes, under SQLite's one write lock, only when
+    they are small; larger ones are read by the thread that sends the email."""
+    large = bytes(range(256)) * (FILES_IN_THE_CLAIM_BYTES // 256 + 1)
+    small_id = post(client, tenant, attachments=[{"filename": "r.pdf", "content": b64(PDF)}])
+    large_id = post(client, tenant, attachments=[{"filename": "big.bin", "content": b64(large)}])
+    claimed, _ = app.store.write(lambda tx: app.delivery.claim(tx, 10))
+    by_id = {item.email.id: item for item in claimed}
+    assert [(a.filename, a.content) for a in by_id[small_id].attachments] == [("r.pdf", PDF)]
+    assert by_id[large_id].attachments is None  # (its sender reads them, as below)
+    seq = by_id[large_id].email.seq
+    [read] = app.store.reads.attachment_contents([seq])[seq]
+    assert (read.filename, read.content) == ("big.bin", large)
+
+
+def test_large_files_arrive_byte_identical(delivering, sink):
+    app, tenant, client = delivering
+    large = bytes(range(256)) * (FILES_IN_THE_CLAIM_BYTES // 256 + 1)
+    email_id = post(client, tenant, attachments=[{"filename": "big.bin", "content": b64(large)}])
+    wait_status(client, tenant, email_id, "sent")
+    [received] = sink.wait_for(1)
+    [attached] = list(received.message.iter_attachments())
+    assert attached.get_content() == large
 
 
 def test_attachments_are_stored_with_the_email_and_sent_again_on_retry(delivering, sink, clock):

@@ -134,6 +134,10 @@ class Reads(Protocol):
         """The account's email; None for an unknown id or another account's."""
         ...
 
+    def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
+        """The attachments of these emails, content and all, in order (for delivery)."""
+        ...
+
     def email_body(self, seq: int) -> tuple[str | None, str | None]:
         """The html and text of an email whose body is kept apart (SQLite, over the dialect's
         ``inline_body_chars``), which a claim leaves out; ``(None, None)`` for another."""
@@ -417,10 +421,6 @@ class Writes(Reads, Protocol):
         """Queue several accepted emails (a batch) as :meth:`enqueue_email` queues one, in a
         few statements for all of them; each one's sequence number, or None (nothing written
         for it) where its sender domain is not verified for its account."""
-        ...
-
-    def attachment_contents(self, seqs: Sequence[int]) -> dict[int, list[Attachment]]:
-        """The attachments of these emails, content and all, in order (for delivery)."""
         ...
 
     def cancel_email(self, account_id: str, email_id: str, now: float) -> int | None:
