@@ -234,7 +234,8 @@ class MailService:
     ) -> Response:
         if "email_id" in matched:
             request.environ[access.EMAIL] = matched["email_id"]
-        given = read_input(request, endpoint, self.schemas, self.settings)
+        admit_large = partial(self.deps.limiter.admit_large_body, self.store.reads, admission)
+        given = read_input(request, endpoint, self.schemas, self.settings, admit_large)
         claim = self._claim(request, admission.principal, given, admission.now)
         written = self._perform(endpoint, matched, given, admission, claim)
         if written.replayed:

@@ -143,15 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--group",
         required=True,
-        choices=("send", "list", "other", "template_cpu_ms"),
+        choices=("send", "list", "other", "template_cpu_ms", "large_body_mb"),
         help="send: POST /v1/emails...; list: GET /v1/emails...; other: the rest; "
-        "template_cpu_ms: the CPU time of its template renders",
+        "template_cpu_ms: the CPU time of its template renders; large_body_mb: its bodies "
+        "over MAILSVC_MAX_BODY_BYTES",
     )
     sub.add_argument(
         "--per-minute",
         type=int,
         required=True,
-        help="requests a minute (template_cpu_ms: milliseconds of CPU a minute)",
+        help="requests a minute (template_cpu_ms: milliseconds of CPU a minute; "
+        "large_body_mb: megabytes a minute)",
     )
 
     verbs = noun("suppressions", "addresses an account no longer sends to")

@@ -24,6 +24,7 @@ from .http.endpoints import ROUTE_GROUPS
 from .ids import new_id
 from .inbound.processing import Outcome, apply_report, match_report
 from .inbound.reports import Unusable, read_report
+from .limits.large_body import GROUP as LARGE_BODY
 from .limits.template_cpu import GROUP as TEMPLATE_CPU
 from .mail.addresses import normalise_domain, parse_address
 from .mail.dkim import dns_record, new_signing_key
@@ -54,8 +55,9 @@ _COPYING = ServerLimits(
     network_timeout_seconds=300.0,  # (a busy server may leave a long copy unacknowledged)
 )
 
-#: What `limits set` sets: requests a minute by route group, and template CPU ms a minute.
-LIMITS = (*ROUTE_GROUPS, TEMPLATE_CPU)
+#: What `limits set` sets: requests a minute by route group, template CPU ms and megabytes of
+#: large bodies a minute.
+LIMITS = (*ROUTE_GROUPS, TEMPLATE_CPU, LARGE_BODY)
 
 
 class OperatorError(Exception):

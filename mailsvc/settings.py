@@ -445,6 +445,16 @@ SETTINGS: tuple[Setting, ...] = (
         _positive_int,
     ),
     Setting(
+        "large_body_mb_per_minute",
+        100,
+        "Megabytes of bodies over `MAILSVC_MAX_BODY_BYTES` (sends with files or long html, "
+        "and SMTP messages of that size) that one account may send in a minute, on every "
+        "worker and host together (a bucket in the store that holds at most a minute's "
+        "worth); a body the bucket does not hold is refused with 429 until it refills. An "
+        "account's own: `mailsvc limits set --group large_body_mb`.",
+        _positive_int,
+    ),
+    Setting(
         "large_bodies_per_process",
         4,
         "Bodies over `MAILSVC_MAX_BODY_BYTES` (or chunked) that one process works on at once, "

@@ -55,6 +55,8 @@ def test_the_whole_operator_contract(cli):
     ) == {"account": account["id"], "group": "send", "perMinute": 7}
     cpu = ("limits", "set", "--account", account["id"], "--group", "template_cpu_ms")
     assert cli(*cpu, "--per-minute", "900")["perMinute"] == 900
+    large = ("limits", "set", "--account", account["id"], "--group", "large_body_mb")
+    assert cli(*large, "--per-minute", "40")["perMinute"] == 40
 
     # What the CLI made is what the service uses.
     app = create_app({"database": cli.database})
@@ -62,7 +64,7 @@ def test_the_whole_operator_contract(cli):
     headers = {"Authorization": f"Bearer {key['key']}"}
     full = {"Authorization": f"Bearer {cli('keys', 'create', '--account', account['id'])['key']}"}
     limits = client.get("/v1/account", headers=full).get_json()["limits"]
-    assert (limits["send"], limits["templateCpuMs"]) == (7, 900)
+    assert (limits["send"], limits["templateCpuMs"], limits["largeBodyMb"]) == (7, 900, 40)
     body = email_body(from_="a@acme.example")
     assert client.post("/v1/emails", json=body, headers=headers).status_code == 200
     assert cli("keys", "revoke", key["id"]) == {"id": key["id"], "revoked": True}

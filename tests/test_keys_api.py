@@ -109,8 +109,9 @@ def test_sending_keys_cannot_manage_keys_or_read_the_account(client, tenant):
 def test_account_shows_credit_and_limits(client, tenant, app):
     operator.set_limit(app.store, tenant.id, "send", 42)
     operator.set_limit(app.store, tenant.id, "template_cpu_ms", 1500)
+    operator.set_limit(app.store, tenant.id, "large_body_mb", 25)
     account = client.get("/v1/account", headers=tenant.headers).get_json()
-    limits = {"send": 42, "list": 100_000, "other": 60, "templateCpuMs": 1500}
+    limits = {"send": 42, "list": 100_000, "other": 60, "templateCpuMs": 1500, "largeBodyMb": 25}
     assert account == {
         "id": tenant.id,
         "name": "Tenant",

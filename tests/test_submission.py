@@ -669,6 +669,29 @@ def test_size_is_advertised_and_held(deployment):
     assert deployment.emails(tenant) == []
 
 
+def test_an_accounts_large_messages_draw_on_its_megabytes_a_minute(deployment):
+    tenant = deployment.tenant()
+    operator.set_limit(deployment.store, tenant.id, "large_body_mb", 2)
+    large = message(tenant, text="a line of the receipt\n" * 60_000)  # 1.3 MB: over 1 MiB
+    with logged_in(deployment, tenant) as session:
+        _, _, first = submit(session, large, tenant.address, ["a@example.org"])
+        queued_id(first)
+        again = message(tenant, text="a line of the receipt\n" * 60_000)
+        _, _, second = submit(session, again, tenant.address, ["a@example.org"])
+        # An ordinary message goes on as before.
+        _, _, small = submit(session, message(tenant), tenant.address, ["a@example.org"])
+    code, text = second
+    assert code == 451 and text.startswith("4.7.1 large bodies:"), second
+    assert "2 MB a minute (MAILSVC_LARGE_BODY_MB_PER_MINUTE)" in text
+    assert re.search(r"try again in \d+ s$", text), text
+    queued_id(small)
+    assert len(deployment.emails(tenant)) == 2  # the refused one queued nothing
+    assert deployment.credits(tenant) == 1000 - 2
+    # The first was charged its size in the transaction that queued it.
+    _, bucket = deployment.store.reads.get_bucket(tenant.id, "large_body_mb")
+    assert bucket is not None and abs(bucket[0] - (2 - len(wire(large)) / 2**20)) < 0.001
+
+
 @pytest.mark.parametrize(
     ("raw", "reply"),
     [

@@ -8,7 +8,7 @@ from typing import Any
 from ..errors import NotFound
 from ..http.auth import Principal
 from ..http.endpoints import ROUTE_GROUPS
-from ..limits import template_cpu
+from ..limits import large_body, template_cpu
 from ..store import Reads, tokens_at
 from .dependencies import Dependencies
 
@@ -35,7 +35,7 @@ def _limits_and_remaining(
     ``RateLimit-Remaining`` header says what is left after it): one read a bucket."""
     now = deps.clock()
     limits, remaining = {}, {}
-    for group in (*ROUTE_GROUPS, template_cpu.GROUP):
+    for group in (*ROUTE_GROUPS, template_cpu.GROUP, large_body.GROUP):
         own, bucket = view.get_bucket(account_id, group)
         limits[group] = deps.limiter.per_minute(own, group)
         remaining[group] = max(0, int(tokens_at(bucket, limits[group], now)))  # or owed
@@ -43,8 +43,9 @@ def _limits_and_remaining(
 
 
 def _by_name(figures: dict[str, int]) -> dict[str, int]:
-    """Requests a minute by route group, and the template CPU milliseconds a minute, as the API
-    names them."""
+    """Requests a minute by route group, the template CPU milliseconds and the megabytes of
+    large bodies a minute, as the API names them."""
     shown = {group: figures[group] for group in ROUTE_GROUPS}
     shown["templateCpuMs"] = figures[template_cpu.GROUP]
+    shown["largeBodyMb"] = figures[large_body.GROUP]
     return shown

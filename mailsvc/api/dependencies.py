@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..http.large_bodies import LargeBodies
 from ..http.paging import Cursors
-from ..limits import template_cpu
+from ..limits import large_body, template_cpu
 from ..limits.ratelimit import RateLimiter
 from ..mail.dns import DnsChecker
 from ..mail.rendering import TemplateLimits
@@ -55,6 +55,7 @@ def build_dependencies(
             "list": settings.rate_list_per_minute,
             "other": settings.rate_other_per_minute,
             template_cpu.GROUP: settings.template_cpu_ms_per_minute,
+            large_body.GROUP: settings.large_body_mb_per_minute,
         }
     )
     dns = DnsChecker(settings.dns_servers, settings.dns_timeout_seconds)

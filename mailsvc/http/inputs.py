@@ -23,6 +23,7 @@ body may see the connection reset instead of its 401.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,9 +61,17 @@ class Input:
     document: Any = None
 
 
-def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings: Settings) -> Input:
-    """:raises ServiceError: 400, 413 or 415, naming the field and the rule: every problem of
-    the input at once (the schema's, then the parser's)."""
+def read_input(
+    request: Request,
+    endpoint: Endpoint,
+    schemas: Schemas,
+    settings: Settings,
+    admit_large: Callable[[int], None] | None = None,
+) -> Input:
+    """:param admit_large: called with the size of a body over ``max_body_bytes`` once it is
+        read, before it is parsed (:mod:`mailsvc.limits.large_body`).
+    :raises ServiceError: 400, 413 or 415, naming the field and the rule: every problem of
+        the input at once (the schema's, then the parser's); what ``admit_large`` raises."""
     if endpoint.schema is None:
         return Input()
     from_query = request.method in ("GET", "HEAD")
@@ -70,7 +79,10 @@ def read_input(request: Request, endpoint: Endpoint, schemas: Schemas, settings:
         document: Any = _query(request)
     else:
         limit = settings.max_send_body_bytes if endpoint.large_body else settings.max_body_bytes
-        document = _body(request, limit, endpoint.schema in schemas.arrays, _pace(settings))
+        raw = _raw_body(request, limit, _pace(settings))
+        if admit_large is not None and len(raw) > settings.max_body_bytes:
+            admit_large(len(raw))
+        document = _document(raw, endpoint.schema in schemas.arrays)
     value = check_document(document, endpoint, schemas, settings)
     return Input({"query" if from_query else "body": value}, document)
 
@@ -112,10 +124,13 @@ def _pace(settings: Settings) -> Pace:
     return Pace(settings.body_min_bytes_per_second, settings.body_grace_seconds)
 
 
-def _body(request: Request, max_bytes: int, array: bool, pace: Pace) -> Any:
+def _raw_body(request: Request, max_bytes: int, pace: Pace) -> bytes:
     if request.mimetype != "application/json":
         raise UnsupportedMediaType("Content-Type: must be application/json")
-    raw = read_body(request.environ, max_bytes, pace)
+    return read_body(request.environ, max_bytes, pace)
+
+
+def _document(raw: bytes, array: bool) -> Any:
     expected = "a JSON array" if array else "a JSON object"
     if not raw:
         raise ValidationFailed(f"body: must be {expected}")

@@ -23,7 +23,7 @@ from ..errors import RateLimited
 from ..http.auth import Principal
 from ..store import Caller, Reads, Store, TokenExhausted, Writes, tokens_at
 from ..store.api_keys import LAST_USED_PRECISION_SECONDS
-from . import template_cpu
+from . import large_body, template_cpu
 
 
 @dataclass
@@ -40,6 +40,8 @@ class Admission:
     #: The bucket's tokens as the request found them (before its own).
     tokens: float = 0.0
     taken: bool = False
+    #: Its body, if large, charged with its token (:mod:`.large_body`).
+    large_body: large_body.Admitted | None = None
 
 
 class RateLimiter:
@@ -68,6 +70,20 @@ class RateLimiter:
         meter = template_cpu.Meter(principal.account_id, self.defaults[template_cpu.GROUP], now)
         return Admission(principal, group, per_minute, now, meter, tokens)
 
+    def admit_large_body(self, reads: Reads, admission: Admission, size: int) -> None:
+        """Let in a large body of ``size`` bytes, read but not yet parsed, if the account's
+        bucket of large bodies holds it; it is charged with the request's token.
+
+        :raises RateLimited: it does not.
+        """
+        admission.large_body = large_body.admit(
+            reads,
+            admission.principal.account_id,
+            size,
+            self.defaults[large_body.GROUP],
+            admission.now,
+        )
+
     def headers(self, admission: Admission) -> dict[str, str]:
         """``RateLimit-Limit``, ``-Remaining`` and ``-Reset`` of an answer (the bucket as this
         request leaves it: ``Reset`` is the seconds until it is full again)."""
@@ -84,7 +100,7 @@ class RateLimiter:
         if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
             tx.touch_api_key(principal.key_id, now)
         tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
-        template_cpu.charge(tx, admission.template_cpu)
+        _charge(tx, admission)
 
     def settle(self, store: Store, admission: Admission, limited: bool) -> None:
         """Take the request's token once it is answered, whatever the answer, unless the
@@ -112,18 +128,27 @@ class RateLimiter:
             admission.taken = True
 
     def charge_alone(self, store: Store, admission: Admission) -> None:
-        """Charge the template CPU time of a request that takes no token (a 429): spent is
-        spent."""
+        """Charge the template CPU time and the large body of a request that takes no token
+        (a 429): spent is spent."""
         meter = admission.template_cpu
-        if not admission.taken and not meter.charged and meter.spent_ms > 0:
-            store.write(lambda tx: template_cpu.charge(tx, meter), durable=False)
+        owes = (not meter.charged and meter.spent_ms > 0) or admission.large_body is not None
+        if not admission.taken and owes:
+            store.write(lambda tx: _charge(tx, admission), durable=False)
             meter.charged = True
+            admission.large_body = None
 
     def refusal(self, reads: Reads, admission: Admission) -> RateLimited:
         """The 429 of a request that lost the last token to another: when one is back."""
         caller = reads.get_caller(admission.principal.key_id, admission.group)
         tokens = tokens_at(caller.bucket, admission.per_minute, admission.now) if caller else 0.0
         return _limited(admission.group, admission.per_minute, min(tokens, 0.0))
+
+
+def _charge(tx: Writes, admission: Admission) -> None:
+    """What the request cost beside its token: its templates' CPU, its large body."""
+    template_cpu.charge(tx, admission.template_cpu)
+    if admission.large_body is not None:
+        large_body.charge(tx, admission.principal.account_id, admission.large_body, admission.now)
 
 
 def _limited(group: str, per_minute: int, tokens: float) -> RateLimited:

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from ..settings import Settings
-from .accounts import TEMPLATE_CPU_GROUP
+from .accounts import LARGE_BODY_GROUP, TEMPLATE_CPU_GROUP
 from .contract import (
     CreditExhausted,
     DomainExists,
@@ -103,6 +103,7 @@ __all__ = [
     "EmailRecord",
     "Event",
     "IdempotentRequest",
+    "LARGE_BODY_GROUP",
     "NewEmail",
     "NewRecipient",
     "Recipient",

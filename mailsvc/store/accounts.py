@@ -14,6 +14,8 @@ TOKENS_CHECK = "rate_buckets_tokens_check"
 #: The bucket of an account's template CPU time, the one bucket that may be charged below empty
 #: (the CHECK of migration 0013 names it): what was spent is owed until the bucket refills.
 TEMPLATE_CPU_GROUP = "template_cpu_ms"
+#: The bucket of an account's large bodies, in megabytes (see mailsvc.limits.large_body).
+LARGE_BODY_GROUP = "large_body_mb"
 
 
 class AccountVerbs:

@@ -386,6 +386,8 @@ class MailTransactions:
         try:
             if envelope.from_look:
                 admission = envelope.admission = self._admit_again(account, admission)
+            if len(raw) > service.settings.max_body_bytes:
+                self._admit_large(admission, len(raw))
             if eight_bit and "BODY=8BITMIME" not in envelope.mail_options:
                 raise BadMessage(
                     "the message has 8-bit bytes, and MAIL FROM did not say BODY=8BITMIME"
@@ -437,6 +439,18 @@ class MailTransactions:
             raise
         looked.taken = True  # (this one takes the message's token)
         return admission
+
+    def _admit_large(self, admission: Admission, size: int) -> None:
+        """Let in a large message, read but not parsed, if the account's bucket of large bodies
+        holds it (:mod:`mailsvc.limits.large_body`).
+
+        :raises RateLimited: it does not (the message then takes no token, as over HTTP).
+        """
+        try:
+            self.service.deps.limiter.admit_large_body(self.service.store.reads, admission, size)
+        except RateLimited:
+            admission.taken = True
+            raise
 
     def _admit(self, account: Account) -> tuple[Admission, Caller]:
         """The key read again (revoked since?) with its ``send`` bucket, in one read: the
