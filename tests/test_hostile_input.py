@@ -157,8 +157,41 @@ def test_hostile_bodies_are_refused_and_change_nothing(
         assert view.get_account(tenant.id).credits == 1000
 
 
-def test_the_largest_integer_that_fits_is_accepted(client, tenant):
-    body = raw_send(variables='{"n": 9223372036854775807, "m": -9223372036854775808}')
+#: A long text is not searched for long digits or many brackets (strict_json): the faults only
+#: its values show must be found all the same.
+FOUND_IN_VALUES = [
+    case
+    for case in BODIES
+    if case[0]
+    in (
+        "nested 33 deep",
+        "integer of 5,000 digits",
+        "integer 2^63",
+        "1e400",
+        "NUL in a string",
+        "lone surrogate in a key",
+        "duplicate key, nested",
+    )
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "status", "fragments"), FOUND_IN_VALUES, ids=[b[0] for b in FOUND_IN_VALUES]
+)
+def test_the_same_faults_are_found_in_a_long_body(
+    client, tenant, app, case, body, status, fragments
+):
+    long_html = b'{"html": "<p>' + b"x" * 70_000 + b'</p>", '
+    test_hostile_bodies_are_refused_and_change_nothing(
+        client, tenant, app, case, long_html + body[1:], status, fragments
+    )
+
+
+@pytest.mark.parametrize("html", ["<p>short</p>", "<p>" + "x" * 70_000 + "</p>"])
+def test_the_largest_integer_that_fits_is_accepted(client, tenant, html):
+    body = raw_send(
+        html=json.dumps(html), variables='{"n": 9223372036854775807, "m": -9223372036854775808}'
+    )
     headers = {**tenant.headers, "Content-Type": "application/json"}
     assert client.post("/v1/emails", data=body, headers=headers).status_code == 200
 
