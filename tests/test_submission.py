@@ -678,7 +678,12 @@ def test_an_accounts_large_messages_draw_on_its_megabytes_a_minute(deployment):
         queued_id(first)
         again = message(tenant, text="a line of the receipt\n" * 60_000)
         _, _, second = submit(session, again, tenant.address, ["a@example.org"])
-        # An ordinary message goes on as before.
+        # A client that declares the size is refused at MAIL FROM, before it sends a byte.
+        declared = session.docmd("MAIL", f"FROM:<{tenant.address}> SIZE=1400000")
+        assert declared[0] == 451 and b"MAILSVC_LARGE_BODY_MB_PER_MINUTE" in declared[1]
+        # An ordinary message goes on as before, its size declared or not.
+        assert session.docmd("MAIL", f"FROM:<{tenant.address}> SIZE=900")[0] == 250
+        session.rset()
         _, _, small = submit(session, message(tenant), tenant.address, ["a@example.org"])
     code, text = second
     assert code == 451 and text.startswith("4.7.1 large bodies:"), second

@@ -219,6 +219,12 @@ class MailTransactions:
             domain = sender.rpartition("@")[2]
             until = time.monotonic() + self.settings.submission_look_seconds
             session.look = Look(until, caller, {domain}, credits)
+        declared = _declared_size(options)
+        if declared > self.settings.max_body_bytes:  # refused before a byte of it is sent
+            try:
+                await self._run(self._admit_large, admission, declared)
+            except Exception as exc:
+                return self._refused(exc, account, envelope).lines()
         look = session.look
         assert look is not None
         look.took(admission)
@@ -527,6 +533,15 @@ class MailTransactions:
                 },
             )
         return reply
+
+
+def _declared_size(options: list[str]) -> int:
+    """The size of the message as ``MAIL FROM`` declared it (``SIZE=``, RFC 1870), or 0."""
+    for option in options:
+        name, _, value = option.partition("=")
+        if name == "SIZE" and value.isdigit():
+            return int(value)
+    return 0
 
 
 def _with_message_id(request: SendRequest, message_id: str | None) -> SendRequest:

@@ -165,7 +165,7 @@ def prepare(database: str) -> tuple[str, str]:
     account = operator.create_account(store, "Bench", 10**12)
     key = operator.create_key(store, account["id"])["key"]
     operator.add_domain(store, account["id"], DOMAIN, verified=True)
-    for group in ("send", "list", "other"):
+    for group in ("send", "list", "other", "large_body_mb"):
         operator.set_limit(store, account["id"], group, 10**9)
     store.shutdown()
     return account["id"], key
