@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import threading
-import time
 
 import dkim
 import pytest
@@ -188,34 +186,6 @@ def test_large_files_arrive_byte_identical(delivering, sink):
     [received] = sink.wait_for(1)
     [attached] = list(received.message.iter_attachments())
     assert attached.get_content() == large
-
-
-def test_one_large_email_at_a_time_is_sent_while_the_rest_go_on(delivering, sink):
-    """An email too large for its claim waits while another is being sent by the process; the
-    other threads go on with ordinary mail meanwhile (tests/conftest.py: two threads)."""
-    app, tenant, client = delivering
-    held, let_go = threading.Event(), threading.Event()
-    large_html = "<p>" + "large " * 12_000 + "</p>"  # over 65,536 characters: kept apart
-
-    def reply(data: bytes):
-        if b"first large" in data:
-            held.set()
-            let_go.wait(30)
-        return None
-
-    sink.behaviour.data_reply = reply
-    first = post(client, tenant, html=large_html, subject="first large")
-    assert held.wait(30), "the first large email never reached the relay"
-    small = [post(client, tenant, subject=f"small {n}") for n in range(3)]
-    for email_id in small:  # the other thread sends them while the first large one is held
-        wait_status(client, tenant, email_id, "sent")
-    second = post(client, tenant, html=large_html, subject="second large")
-    time.sleep(1.0)  # (it would reach the relay within milliseconds if it did not wait)
-    assert not [m for m in sink.messages if b"second large" in m.data]
-    let_go.set()
-    for email_id in (first, second):
-        wait_status(client, tenant, email_id, "sent")
-    assert [m.message["Subject"] for m in sink.messages][-2:] == ["first large", "second large"]
 
 
 def test_attachments_are_stored_with_the_email_and_sent_again_on_retry(delivering, sink, clock):

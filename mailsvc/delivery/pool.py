@@ -66,14 +66,6 @@ RUN_SECONDS = 0.05
 #: lock); an email with more has them read by its sender, outside it (a 10 MB file held the
 #: lock 18 ms at its claim).
 FILES_IN_THE_CLAIM_BYTES = 65536
-#: Emails with more than 64 KB of body or of files (read by their sender on SQLite) that one
-#: process sends at once; the other threads go on with the rest. One of 12 MB costs its thread
-#: half a second of CPU or more on a slow day (quoted-printable or base64, the signature), and
-#: four at once kept the cores so busy that another account's accepts beside them took 87 to
-#: 146 ms at the median instead of 6 to 20 with one (``tests.bench.hostile``'s large case,
-#: held to its limits).
-LARGE_AT_ONCE = 1
-LARGE_BODY_CHARS = 65_536
 
 
 @dataclass(frozen=True)
@@ -135,7 +127,6 @@ class DeliveryPool(LeasedPool[Claimed]):
             settings.retry_lifetime_seconds,
         )
         self._rng = random.Random()
-        self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
         #: Whether this process reaches the relay, shared by its senders (logged on a change);
         #: while it does not, claims hold back to a probe a poll.
         self.relay_health = RelayHealth(
@@ -325,19 +316,7 @@ class DeliveryPool(LeasedPool[Claimed]):
         transport: Transport,
         recipients: Sequence[tuple[int, Recipient]],
     ) -> list[Reply]:
-        """Send to these recipients: in one envelope, or, with a return path, one each (a
-        large email once no other is being sent)."""
-        if _large(claimed):
-            with self._large:
-                return self._send_now(claimed, transport, recipients)
-        return self._send_now(claimed, transport, recipients)
-
-    def _send_now(
-        self,
-        claimed: Claimed,
-        transport: Transport,
-        recipients: Sequence[tuple[int, Recipient]],
-    ) -> list[Reply]:
+        """Send to these recipients: in one envelope, or, with a return path, one each."""
         email, key = claimed.email, claimed.signing_key
         if email.html is None and email.text is None:  # a body kept apart: read it now
             html, text = self.store.reads.email_body(email.seq)
@@ -458,14 +437,6 @@ def _price(email: EmailRecord) -> int:
     """The credit one recipient of the email cost: its charge over the recipients charged."""
     charged = [r for r in email.recipients if r.status != statuses.SUPPRESSED]
     return email.charged // len(charged) if charged else 0
-
-
-def _large(claimed: Claimed) -> bool:
-    """Whether the email has more than 64 KB of body (on SQLite, kept apart) or of files."""
-    email = claimed.email
-    if claimed.attachments is None or (email.html is None and email.text is None):
-        return True
-    return len(email.html or "") + len(email.text or "") > LARGE_BODY_CHARS
 
 
 def _small_files(email: EmailRecord) -> bool:
