@@ -709,13 +709,23 @@ _BY_NAME = {setting.name: setting for setting in SETTINGS}
 
 
 class Settings(dict[str, Any]):
-    """The resolved settings, readable as attributes (``settings.database``)."""
+    """The resolved settings, readable as attributes (``settings.database``).
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    Each is an attribute of the object too, set with its item, so that reading one is a plain
+    attribute lookup: a ``__getattr__`` that looked it up in the dict took 0.86 us a read (the
+    lookup that fails first, then a call), and an accept reads nine. No setting is named as a
+    method of ``dict`` (a test holds that)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        super().__init__(values)
+        self.__dict__.update(values)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        super().__setitem__(name, value)
+        self.__dict__[name] = value
+
+    def __getattr__(self, name: str) -> Any:  # (not a setting: the attribute lookup failed)
+        raise AttributeError(name)
 
 
 def load_settings(

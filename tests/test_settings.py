@@ -39,6 +39,18 @@ def test_environment_then_mapping():
     assert settings.smtp_url == "smtp://relay.test"
 
 
+def test_a_setting_read_as_an_attribute_is_its_item_even_after_a_change():
+    settings = load_settings({"max_body_bytes": 4096}, environ={})
+    assert settings.max_body_bytes == settings["max_body_bytes"] == 4096
+    settings["max_body_bytes"] = 8192  # (as a test changes an app's settings)
+    assert settings.max_body_bytes == 8192
+    with pytest.raises(AttributeError):
+        settings.no_such_setting  # noqa: B018
+    # No setting hides a method of dict, which its attribute would.
+    assert not [setting.name for setting in SETTINGS if hasattr(dict, setting.name)]
+    assert dict(settings) == {name: getattr(settings, name) for name in settings}
+
+
 @pytest.mark.parametrize(
     ("environ", "overrides", "message"),
     [
