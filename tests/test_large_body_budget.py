@@ -15,7 +15,7 @@ from mailsvc import create_app, operator
 from mailsvc.limits.large_body import GROUP, MEGABYTE
 
 from .conftest import assert_error, email_body, make_tenant
-from .test_template_cpu import Frozen
+from .test_template_cpu import Frozen, emails_of
 
 #: MAILSVC_MAX_BODY_BYTES in these tests: a body over it is large.
 ORDINARY = 65_536
@@ -36,10 +36,6 @@ def left_mb(app, tenant) -> float | None:
     """What the account's bucket holds (None: never charged)."""
     _, bucket = app.store.reads.get_bucket(tenant.id, GROUP)
     return None if bucket is None else bucket[0]
-
-
-def emails_of(client: Client, tenant) -> list[dict[str, Any]]:
-    return client.get("/v1/emails", headers=tenant.headers).get_json()["data"]
 
 
 def credits_of(client: Client, tenant) -> int:

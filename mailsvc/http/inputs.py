@@ -78,8 +78,10 @@ def read_input(
     if from_query:
         document: Any = _query(request)
     else:
+        if request.mimetype != "application/json":
+            raise UnsupportedMediaType("Content-Type: must be application/json")
         limit = settings.max_send_body_bytes if endpoint.large_body else settings.max_body_bytes
-        raw = _raw_body(request, limit, _pace(settings))
+        raw = read_body(request.environ, limit, _pace(settings))
         if admit_large is not None and len(raw) > settings.max_body_bytes:
             admit_large(len(raw))
         document = _document(raw, endpoint.schema in schemas.arrays)
@@ -122,12 +124,6 @@ def _query(request: Request) -> dict[str, str]:
 
 def _pace(settings: Settings) -> Pace:
     return Pace(settings.body_min_bytes_per_second, settings.body_grace_seconds)
-
-
-def _raw_body(request: Request, max_bytes: int, pace: Pace) -> bytes:
-    if request.mimetype != "application/json":
-        raise UnsupportedMediaType("Content-Type: must be application/json")
-    return read_body(request.environ, max_bytes, pace)
 
 
 def _document(raw: bytes, array: bool) -> Any:
