@@ -697,6 +697,17 @@ def test_an_accounts_large_messages_draw_on_its_megabytes_a_minute(deployment):
     assert bucket is not None and abs(bucket[0] - (2 - len(wire(large)) / 2**20)) < 0.001
 
 
+def test_a_message_is_charged_its_size_as_sent_not_as_declared(deployment):
+    tenant = deployment.tenant()
+    operator.set_limit(deployment.store, tenant.id, "large_body_mb", 2)
+    with logged_in(deployment, tenant) as session:
+        assert session.docmd("MAIL", f"FROM:<{tenant.address}> SIZE=1500000")[0] == 250
+        assert session.rcpt("a@example.org")[0] == 250
+        code, said = session.data(wire(message(tenant)))  # a small one after all
+    queued_id((code, said.decode()))
+    assert deployment.store.reads.get_bucket(tenant.id, "large_body_mb")[1] is None  # untouched
+
+
 @pytest.mark.parametrize(
     ("raw", "reply"),
     [

@@ -100,9 +100,7 @@ class RateLimiter:
         if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
             tx.touch_api_key(principal.key_id, now)
         tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
-        template_cpu.charge(tx, admission.template_cpu)
-        if admission.large_body is not None:
-            large_body.charge(tx, principal.account_id, admission.large_body, now)
+        _charge(tx, admission)
 
     def settle(self, store: Store, admission: Admission, limited: bool) -> None:
         """Take the request's token once it is answered, whatever the answer, unless the

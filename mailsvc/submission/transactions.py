@@ -225,6 +225,7 @@ class MailTransactions:
                 await self._run(self._admit_large, admission, declared)
             except Exception as exc:
                 return self._refused(exc, account, envelope).lines()
+            admission.large_body = None  # (charged at the end of data, its size as sent)
         look = session.look
         assert look is not None
         look.took(admission)
