@@ -825,7 +825,11 @@ class _EachRead:
         self._run = run
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
+        """A verb's call, made at its first use and kept as an attribute: later uses find it
+        without this (a failed lookup, then a call and a closure, each time)."""
+
         def call(*args: Any, **kwargs: Any) -> Any:
             return self._run(lambda view: getattr(view, name)(*args, **kwargs))
 
+        setattr(self, name, call)
         return call
