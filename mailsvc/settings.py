@@ -71,6 +71,12 @@ def _look_seconds(value: str) -> float:
     return _within(value, float, 0.0, 60.0, "a number of seconds from 0 to 60 (fractions allowed)")
 
 
+def _gather_ms(value: str) -> float:
+    return _within(
+        value, float, 0.0, 1000.0, "a number of milliseconds from 0 to 1000 (fractions allowed)"
+    )
+
+
 def _nice(value: str) -> int | None:
     """A nice value from 0 to 19, or None for ``auto`` (which
     :func:`mailsvc.delivery.process.delivery_nice` resolves by the backend)."""
@@ -368,6 +374,16 @@ SETTINGS: tuple[Setting, ...] = (
         "before it records them in one transaction. A crash in a run sends again those the "
         "relay took (same Message-ID); 1 keeps that to one email a thread.",
         _positive_int,
+    ),
+    Setting(
+        "delivery_gather_ms",
+        20.0,
+        "While mail comes an email at a time, how long after a claim the delivering process "
+        "waits before it claims again, so that what came meanwhile goes as one run (claimed in "
+        "one transaction, recorded in one): the most an email waits for that. An email after "
+        "a quiet spell this long is claimed at once, and a backlog as fast as threads free up. "
+        "0: each email is claimed as it comes.",
+        _gather_ms,
     ),
     Setting(
         "lease_seconds",

@@ -253,6 +253,57 @@ def test_mail_that_comes_one_at_a_time_is_claimed_once_each(config, clock, sink)
         app.stop(timeout=5)
 
 
+def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, sink):
+    """While mail comes one email at a time (the last claim found the queue short), the
+    claimer claims at most once every ``MAILSVC_DELIVERY_GATHER_MS``, and what came meanwhile
+    goes as one run: sent by one thread, recorded in one transaction. An email after a quiet
+    spell longer than that is claimed at once."""
+    gather = 1.0
+    config.update(
+        smtp_url=sink.url, poll_seconds=30, delivery_threads=2, delivery_gather_ms=gather * 1000
+    )
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    looks: list[tuple[str, int, float]] = []  # (who claimed, how many it found, when)
+    claim, record = app.delivery.claim, app.delivery.record
+    recorded: list[tuple[str, int]] = []  # (the thread, the sink's count) at each record
+
+    def counted(tx, wanted):
+        found = claim(tx, wanted)
+        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
+        looks.append((who, len(found[0]), time.monotonic()))
+        return found
+
+    def counted_record(job, claims=False):
+        result = record(job, claims)
+        recorded.append((threading.current_thread().name, len(sink.messages)))
+        return result
+
+    app.delivery.claim, app.delivery.record = counted, counted_record
+    app.start()
+    try:
+        wait_until(lambda: app.delivery.claims >= 1, what="the first look")
+        time.sleep(gather * 1.2)  # a quiet spell
+        del looks[:]
+        posted = time.monotonic()
+        post(client, tenant, subject="alone")
+        sink.wait_for(1, timeout=5)
+        assert [(who, found) for who, found, _ in looks] == [("claimer", 1)], looks
+        assert looks[0][2] - posted < gather / 2, "claimed at once, not after a gathering"
+        wait_until(lambda: count_by_status(app.store).get("sent") == 1, what="sent")
+        for number in range(5):  # each announced as it is queued, within the gathering
+            post(client, tenant, subject=f"m{number}")
+        sink.wait_for(6, timeout=10)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 6, what="sent")
+    finally:
+        app.stop(timeout=5)
+    assert [(who, found) for who, found, _ in looks] == [("claimer", 1), ("claimer", 5)], looks
+    assert looks[1][2] - looks[0][2] >= gather * 0.95, "the second claim waited for the rest"
+    # One record for the email alone, then one for the run of five, each after its sends.
+    assert [count for _, count in recorded] == [1, 6], recorded
+    assert len({m.message_id for m in sink.messages}) == 6
+
+
 def test_connection_is_reused_between_messages(config, clock, sink):
     config.update(smtp_url=sink.url, delivery_threads=1)
     app = create_app(config, clock=clock)

@@ -8,7 +8,9 @@ and webhook events, in one job, if the process still holds the lease. While the 
 every message, that job claims the thread's next run (``MAILSVC_DELIVERY_RUN`` emails), which
 it sends back to back and records in one job again; a message the relay refuses or defers ends
 the run (its outcome, a bounce's suppression say, may change what the others need), and what
-the run did not send is given back in the job that records it. Where the store announces
+the run did not send is given back in the job that records it. Mail that comes an email at a
+time is gathered into runs too: the claimer claims it at most every
+``MAILSVC_DELIVERY_GATHER_MS`` (see :mod:`mailsvc.queues.leased`). Where the store announces
 new mail (PostgreSQL's LISTEN/NOTIFY), a listener thread wakes the claimer the moment another
 host queues some; polling stays for retries and lost notices. An email deferred because the
 relay could not be reached waits for it: when the relay is reached again, the claims make such
@@ -113,6 +115,8 @@ class DeliveryPool(LeasedPool[Claimed]):
             settings.delivery_threads,
             settings.lease_seconds,
             settings.poll_seconds if backlog is None else backlog.look_seconds,
+            gather_seconds=settings.delivery_gather_ms / 1000,
+            gather_run=settings.delivery_run,
         )
         self.settings = settings
         self.backlog = backlog

@@ -7,11 +7,14 @@ its outcome (if the process still holds the lease), in a job that may lease the 
 run of pieces, which it does one after the other and records together. A wake from this
 process starts a claim at once (a condition); the claimer also looks every ``poll_seconds``
 for work other processes made or left behind, and sooner when it knows that something falls
-due before then. A keeper thread renews the leases the process holds every third of a lease,
-so slow work is never taken over, and done twice, by another process; an outcome that meets a
-store outage is written once the store is back, not dropped. On a graceful stop, claiming
-stops, the work in hand is finished (within the timeout), and what was claimed but not started
-is given back.
+due before then. While work comes a piece at a time (the last claim found some, but fewer than
+it wanted), a claim for news waits until ``gather_seconds`` after that one began, and what
+came meanwhile goes to one worker as a run: one claim and one record for the run, where each
+piece had one of each (work after a quiet spell that long is claimed at once). A keeper thread
+renews the leases the process holds every third of a lease, so slow work is never taken over,
+and done twice, by another process; an outcome that meets a store outage is written once the
+store is back, not dropped. On a graceful stop, claiming stops, the work in hand is finished
+(within the timeout), and what was claimed but not started is given back.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class LeasedPool(Generic[Item]):
     :param threads: worker threads.
     :param lease_seconds: how long a claim lasts unless renewed.
     :param poll_seconds: the longest the claimer sleeps without news.
+    :param gather_seconds: while work comes a piece at a time, the shortest time between two
+        claims for news (0: none).
+    :param gather_run: the most pieces such a claim takes, as one worker's run.
     """
 
     def __init__(
@@ -59,6 +65,8 @@ class LeasedPool(Generic[Item]):
         threads: int,
         lease_seconds: float,
         poll_seconds: float,
+        gather_seconds: float = 0.0,
+        gather_run: int = 1,
     ) -> None:
         self.store = store
         self.clock = clock
@@ -66,6 +74,10 @@ class LeasedPool(Generic[Item]):
         self.threads = threads
         self.lease_seconds = lease_seconds
         self.poll_seconds = poll_seconds
+        self.gather_seconds = gather_seconds
+        self.gather_run = gather_run
+        #: When the claimer's last claim that found work began (monotonic).
+        self._last_claim = float("-inf")
         self.owner = ""
         self._threads: list[threading.Thread] = []
         self._helpers: list[threading.Thread] = []
@@ -82,7 +94,7 @@ class LeasedPool(Generic[Item]):
         self._held: Counter[int] = Counter()
         self._held_lock = threading.Lock()
         self._stopped = threading.Event()
-        self._handoff: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        self._handoff: queue.SimpleQueue[list[Item] | None] = queue.SimpleQueue()
         #: When this pool last found the store working (its clock); while its writes meet an
         #: outage, that time; once it is over, leases that ran out since then are left alone
         #: until a monotonic time. Every write tells (claims, outcomes, renewals): a pool whose
@@ -236,11 +248,14 @@ class LeasedPool(Generic[Item]):
         return bool(self._threads) and all(t.is_alive() for t in [*self._threads, *self._helpers])
 
     def wake(self) -> None:
-        """Tell the claimer that there is new work."""
+        """Tell the claimer that there is new work. (Once signalled, it needs no second wake: it
+        is claiming, or waits for an idle worker, for claims to resume, or for the end of a
+        gathering, each of which it would wait for anyway.)"""
         with self._wakeup:
             self._news += 1
-            self._signalled = True
-            self._wakeup.notify_all()
+            if not self._signalled:
+                self._signalled = True
+                self._wakeup.notify_all()
 
     def resume(self) -> None:
         """Claims held back by :meth:`admits` may resume at once (where the work goes is back)."""
@@ -380,11 +395,14 @@ class LeasedPool(Generic[Item]):
                     return
                 if self._leases_in_doubt:
                     continue
-                wanted, self._held_back_until = self.admits(self._idle)
+                gathered = self._gathers()
+                wanted, self._held_back_until = self.admits(
+                    self.gather_run if gathered else self._idle
+                )
                 if not wanted:
                     continue  # the signal, if any, stays for when claims may resume
                 self._signalled = False
-            next_due, news = None, self._news
+            next_due, news, began = None, self._news, time.monotonic()
             try:
                 # A claim lost with the power only means it is made again: no fsync for it.
                 batch, next_due = self.store.write(partial(self.claim, wanted=wanted), False)
@@ -404,8 +422,11 @@ class LeasedPool(Generic[Item]):
                 self._give_back(batch)
                 return
             self._hold(batch)
+            if batch:
+                self._last_claim = began
+            runs = [batch] if gathered and batch else [[item] for item in batch]
             with self._wakeup:
-                self._idle -= len(batch)
+                self._idle -= len(runs)
                 if len(batch) == wanted:
                     self._signalled = True  # more may be due: claim again as workers free up
                 else:  # the next poll, or sooner if something falls due before then
@@ -415,8 +436,8 @@ class LeasedPool(Generic[Item]):
                         # passed over until that claim commits)
                         wait = min(wait, max(0.05, next_due - self.clock()))
                     next_poll = time.monotonic() + wait
-            for item in batch:
-                self._handoff.put(item)
+            for run in runs:
+                self._handoff.put(run)
 
     def _claim_now(self, next_poll: float) -> bool:
         """Whether to claim: a worker is idle, claims are not held back, and there is news or
@@ -425,15 +446,26 @@ class LeasedPool(Generic[Item]):
         return (
             self._idle > 0
             and now >= self._held_back_until
-            and (self._signalled or now >= next_poll)
+            and ((self._signalled and now >= self._gather_until()) or now >= next_poll)
         )
+
+    def _gathers(self) -> bool:
+        """Whether the claim about to be made gathers what came since the last: mail comes
+        one piece at a time (the last claim found the queue short)."""
+        return self.gather_seconds > 0 and self._quiet is not None
+
+    def _gather_until(self) -> float:
+        """No claim for news before this monotonic time: while mail comes one piece at a
+        time, a claim waits until ``gather_seconds`` after the last that found some began, and
+        takes what came meanwhile as one run."""
+        return self._last_claim + self.gather_seconds if self._gathers() else 0.0
 
     def _sleep(self, next_poll: float) -> float | None:
         """How long the claimer may sleep unless woken: until a worker is idle, or until claims
         may resume and it is time to look."""
         if self._idle == 0:
             return None
-        look = time.monotonic() if self._signalled else next_poll
+        look = max(time.monotonic(), self._gather_until()) if self._signalled else next_poll
         return max(0.0, max(look, self._held_back_until) - time.monotonic())
 
     def _work_loop(self) -> None:
@@ -447,10 +479,9 @@ class LeasedPool(Generic[Item]):
                     self._idle += 1
                     if self._idle == 1:  # (the claimer waits for an idle worker only if none was)
                         self._wakeup.notify_all()
-                item = self._handoff.get()
-                if item is None:
+                run = self._handoff.get()
+                if run is None:
                     return
-                run = [item]
                 while run:  # and the runs its outcomes' jobs claimed after it
                     run = self._do_run(run, state)
         finally:
