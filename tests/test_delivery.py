@@ -256,17 +256,19 @@ def test_mail_that_comes_one_at_a_time_is_claimed_once_each(config, clock, sink)
 def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, sink):
     """While mail comes one email at a time (the last claim found the queue short), the
     claimer claims at most once every ``MAILSVC_DELIVERY_GATHER_MS``, and what came meanwhile
-    goes as one run: sent by one thread, recorded in one transaction. An email after a quiet
-    spell longer than that is claimed at once."""
-    gather = 1.0
+    goes in runs, each sent by one thread and recorded in one transaction: as many emails a
+    run as the relay takes in a run's time (all five from a sink on this machine). An email
+    after a quiet spell longer than that is claimed at once."""
+    gather = 0.3
     config.update(
-        smtp_url=sink.url, poll_seconds=30, delivery_threads=2, delivery_gather_ms=gather * 1000
+        smtp_url=sink.url, poll_seconds=30, delivery_threads=8, delivery_gather_ms=gather * 1000
     )
     app = create_app(config, clock=clock)
     tenant, client = make_tenant(app), Client(app)
     looks: list[tuple[str, int, float]] = []  # (who claimed, how many it found, when)
-    claim, record = app.delivery.claim, app.delivery.record
-    recorded: list[tuple[str, int]] = []  # (the thread, the sink's count) at each record
+    claim, record, run_of = app.delivery.claim, app.delivery.record, app.delivery.gathered_run
+    recorded: list[int] = []  # the sink's count at each record
+    runs: list[int] = []  # what each gathered claim took as a run
 
     def counted(tx, wanted):
         found = claim(tx, wanted)
@@ -276,32 +278,84 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
 
     def counted_record(job, claims=False):
         result = record(job, claims)
-        recorded.append((threading.current_thread().name, len(sink.messages)))
+        recorded.append(len(sink.messages))
         return result
 
+    def counted_run():
+        runs.append(run_of())
+        return runs[-1]
+
     app.delivery.claim, app.delivery.record = counted, counted_record
+    app.delivery.gathered_run = counted_run
     app.start()
     try:
-        wait_until(lambda: app.delivery.claims >= 1, what="the first look")
+        for number in range(3):  # the relay's pace, measured (a connection opened first)
+            post(client, tenant, subject=f"warm {number}")
+            sink.wait_for(number + 1, timeout=5)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 3, what="sent")
         time.sleep(gather * 1.2)  # a quiet spell
-        del looks[:]
+        del looks[:], recorded[:], runs[:]
         posted = time.monotonic()
         post(client, tenant, subject="alone")
-        sink.wait_for(1, timeout=5)
+        sink.wait_for(4, timeout=5)
         assert [(who, found) for who, found, _ in looks] == [("claimer", 1)], looks
         assert looks[0][2] - posted < gather / 2, "claimed at once, not after a gathering"
-        wait_until(lambda: count_by_status(app.store).get("sent") == 1, what="sent")
+        wait_until(lambda: count_by_status(app.store).get("sent") == 4, what="sent")
         for number in range(5):  # each announced as it is queued, within the gathering
             post(client, tenant, subject=f"m{number}")
-        sink.wait_for(6, timeout=10)
-        wait_until(lambda: count_by_status(app.store).get("sent") == 6, what="sent")
+        sink.wait_for(9, timeout=10)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 9, what="sent")
     finally:
         app.stop(timeout=5)
     assert [(who, found) for who, found, _ in looks] == [("claimer", 1), ("claimer", 5)], looks
     assert looks[1][2] - looks[0][2] >= gather * 0.95, "the second claim waited for the rest"
-    # One record for the email alone, then one for the run of five, each after its sends.
-    assert [count for _, count in recorded] == [1, 6], recorded
-    assert len({m.message_id for m in sink.messages}) == 6
+    # A sink on loopback takes a message in well under half a run's time: runs of two at least,
+    # each recorded in one transaction (five emails: fewer records than emails).
+    run = runs[-1]
+    assert run >= 2, runs
+    assert recorded[0] == 4 and len(recorded) == 1 + math.ceil(5 / run), (recorded, runs)
+    assert len({m.message_id for m in sink.messages}) == 9
+
+
+def test_gathered_mail_from_a_slow_relay_goes_side_by_side(config, clock, sink):
+    """A relay that takes longer than a run's time (RUN_SECONDS) for a message gets gathered
+    mail one email to an idle thread, sent side by side, not as one thread's run (which the
+    first message would end, the rest given back and claimed again)."""
+    gather = 0.5
+    config.update(
+        smtp_url=sink.url, poll_seconds=30, delivery_threads=3, delivery_gather_ms=gather * 1000
+    )
+    sink.behaviour.delay_seconds = RUN_SECONDS  # each reply: a message takes three at least
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    looks: list[tuple[str, int]] = []
+    claim = app.delivery.claim
+
+    def counted(tx, wanted):
+        found = claim(tx, wanted)
+        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
+        looks.append((who, len(found[0])))
+        return found
+
+    app.delivery.claim = counted
+    app.start()
+    try:
+        wait_until(lambda: app.delivery.claims >= 1, what="the first look")
+        time.sleep(gather * 1.2)
+        del looks[:]
+        post(client, tenant, subject="first")  # (the relay's pace, measured)
+        sink.wait_for(1, timeout=10)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 1, what="sent")
+        for number in range(3):
+            post(client, tenant, subject=f"m{number}")
+        sink.wait_for(4, timeout=10)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 4, what="sent")
+    finally:
+        app.stop(timeout=5)
+    # One claim took the three (a thread's look for its next run may find none), and three
+    # threads sent them, each on its own connection.
+    assert [(who, found) for who, found in looks if found] == [("claimer", 1), ("claimer", 3)]
+    assert len({received.connection for received in sink.messages[1:]}) == 3
 
 
 def test_connection_is_reused_between_messages(config, clock, sink):

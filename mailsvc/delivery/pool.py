@@ -143,6 +143,8 @@ class DeliveryPool(LeasedPool[Claimed]):
         self._outages_ended = 0
         self._outages_done = 0
         self.hears_all_news = store.announces_mail and backlog is None
+        #: How long the relay took to take a message, lately (seconds; None: not known yet).
+        self._message_seconds: float | None = None
 
     def wake(self) -> None:
         """Tell the claimer that there is new mail, and every other process and host too."""
@@ -198,6 +200,15 @@ class DeliveryPool(LeasedPool[Claimed]):
     def keeps_claiming(self) -> bool:
         return self.backlog is None or self.backlog.draining()
 
+    def gathered_run(self) -> int:
+        """As many emails of a gathered claim as the relay takes in :data:`RUN_SECONDS` go to
+        one thread: all of them from a relay on the same machine, one an idle thread from a
+        relay far away (or before the first message has gone), sent side by side."""
+        took = self._message_seconds
+        if took is None:
+            return 1
+        return max(1, min(self.run_length, int(RUN_SECONDS / max(took, 1e-6))))
+
     def unclaimed(self, count: int) -> None:
         self.relay_health.unused(count)
 
@@ -231,7 +242,9 @@ class DeliveryPool(LeasedPool[Claimed]):
                 # rest needs (a bounce suppresses its address): recorded before more is sent;
                 # or a slow relay: what a crash would send again is what it took last.
                 break
+            began = time.monotonic()
             attempts.append(self._attempt(claimed, state))
+            self._took(time.monotonic() - began)
         unsent = [claimed.email.seq for claimed in run[len(attempts) :]]
         # The relay took the whole run: the job that records it claims this thread's next run
         # (while the relay is in doubt, only the claimer claims, as its health allows).
@@ -268,6 +281,11 @@ class DeliveryPool(LeasedPool[Claimed]):
         if events:
             self.on_events()
         return following
+
+    def _took(self, seconds: float) -> None:
+        """A message took this long to send: the relay's pace, lately (a moving average)."""
+        before = self._message_seconds
+        self._message_seconds = seconds if before is None else (before + seconds) / 2
 
     def _record_alone(self, attempt: _Attempt) -> bool:
         try:

@@ -9,8 +9,9 @@ process starts a claim at once (a condition); the claimer also looks every ``pol
 for work other processes made or left behind, and sooner when it knows that something falls
 due before then. While work comes a piece at a time (the last claim found some, but fewer than
 it wanted), a claim for news waits until ``gather_seconds`` after that one began, and what
-came meanwhile goes to one worker as a run: one claim and one record for the run, where each
-piece had one of each (work after a quiet spell that long is claimed at once). A keeper thread
+came meanwhile goes to one worker as a run (or, when a piece takes long, to several, as
+:meth:`LeasedPool.gathered_run` says): one claim and one record for the run, where each piece
+had one of each (work after a quiet spell that long is claimed at once). A keeper thread
 renews the leases the process holds every third of a lease, so slow work is never taken over,
 and done twice, by another process; an outcome that meets a store outage is written once the
 store is back, not dropped. On a graceful stop, claiming stops, the work in hand is finished
@@ -54,7 +55,8 @@ class LeasedPool(Generic[Item]):
     :param poll_seconds: the longest the claimer sleeps without news.
     :param gather_seconds: while work comes a piece at a time, the shortest time between two
         claims for news (0: none).
-    :param gather_run: the most pieces such a claim takes, as one worker's run.
+    :param gather_run: the most pieces such a claim takes (as one worker's run, or one run
+        each of :meth:`gathered_run` pieces for several).
     """
 
     def __init__(
@@ -140,6 +142,11 @@ class LeasedPool(Generic[Item]):
         """How many of ``wanted`` pieces may be claimed now (where the work goes may be known to
         be down), and when none, the monotonic time to ask again."""
         return wanted, 0.0
+
+    def gathered_run(self) -> int:
+        """The most pieces of a gathered claim one worker does as a run (see
+        :attr:`gather_seconds`); the rest go to other idle workers, a run each."""
+        return self.gather_run
 
     def keeps_claiming(self) -> bool:
         """Whether a worker's outcome may claim its next run (what :meth:`admits` said last,
@@ -396,8 +403,9 @@ class LeasedPool(Generic[Item]):
                 if self._leases_in_doubt:
                     continue
                 gathered = self._gathers()
+                run_length = self.gathered_run() if gathered else 1
                 wanted, self._held_back_until = self.admits(
-                    self.gather_run if gathered else self._idle
+                    min(self.gather_run, self._idle * run_length) if gathered else self._idle
                 )
                 if not wanted:
                     continue  # the signal, if any, stays for when claims may resume
@@ -424,7 +432,7 @@ class LeasedPool(Generic[Item]):
             self._hold(batch)
             if batch:
                 self._last_claim = began
-            runs = [batch] if gathered and batch else [[item] for item in batch]
+            runs = [batch[at : at + run_length] for at in range(0, len(batch), run_length)]
             with self._wakeup:
                 self._idle -= len(runs)
                 if len(batch) == wanted:
