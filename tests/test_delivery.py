@@ -57,6 +57,28 @@ def queue_unsent(config, clock, count):
     return tenant
 
 
+class Claims:
+    """Every claim ``app``'s delivery makes from now on: who made it (the claimer, or a
+    sender's outcome) and how many emails it found, in :attr:`looks`; when, in :attr:`times`."""
+
+    def __init__(self, app):
+        self.looks: list[tuple[str, int]] = []
+        self.times: list[float] = []
+        claim = app.delivery.claim
+
+        def counted(tx, wanted):
+            found = claim(tx, wanted)
+            name = threading.current_thread().name
+            self.looks.append(("claimer" if name.endswith("claimer") else "sender", len(found[0])))
+            self.times.append(time.monotonic())
+            return found
+
+        app.delivery.claim = counted
+
+    def clear(self):
+        del self.looks[:], self.times[:]
+
+
 def drain(app, sink, count):
     """Start ``app``'s delivery, wait until the sink has ``count`` messages and each is
     recorded ``sent``, and stop it."""
@@ -217,16 +239,8 @@ def test_mail_that_comes_one_at_a_time_is_claimed_once_each(config, clock, sink)
     app = create_app(config, clock=clock)
     assert app.store.announces_mail
     tenant, client = make_tenant(app), Client(app)
-    looks: list[tuple[str, int]] = []  # (who claimed, how many it found)
-    claim = app.delivery.claim
-
-    def counted(tx, wanted):
-        found = claim(tx, wanted)
-        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
-        looks.append((who, len(found[0])))
-        return found
-
-    app.delivery.claim = counted
+    claims = Claims(app)
+    looks = claims.looks  # (who claimed, how many it found)
     app.start()
     try:
         # (the start's looks over: the listener's first wait wakes the claimer too)
@@ -265,16 +279,10 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
     )
     app = create_app(config, clock=clock)
     tenant, client = make_tenant(app), Client(app)
-    looks: list[tuple[str, int, float]] = []  # (who claimed, how many it found, when)
-    claim, record, run_of = app.delivery.claim, app.delivery.record, app.delivery.gathered_run
+    claims = Claims(app)
+    record, run_of = app.delivery.record, app.delivery.gathered_run
     recorded: list[int] = []  # the sink's count at each record
     runs: list[int] = []  # what each gathered claim took as a run
-
-    def counted(tx, wanted):
-        found = claim(tx, wanted)
-        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
-        looks.append((who, len(found[0]), time.monotonic()))
-        return found
 
     def counted_record(job, claims=False):
         result = record(job, claims)
@@ -285,8 +293,7 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
         runs.append(run_of())
         return runs[-1]
 
-    app.delivery.claim, app.delivery.record = counted, counted_record
-    app.delivery.gathered_run = counted_run
+    app.delivery.record, app.delivery.gathered_run = counted_record, counted_run
     app.start()
     try:
         for number in range(3):  # the relay's pace, measured (a connection opened first)
@@ -294,12 +301,13 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
             sink.wait_for(number + 1, timeout=5)
         wait_until(lambda: count_by_status(app.store).get("sent") == 3, what="sent")
         time.sleep(gather * 1.2)  # a quiet spell
-        del looks[:], recorded[:], runs[:]
+        claims.clear()
+        del recorded[:], runs[:]
         posted = time.monotonic()
         post(client, tenant, subject="alone")
         sink.wait_for(4, timeout=5)
-        assert [(who, found) for who, found, _ in looks] == [("claimer", 1)], looks
-        assert looks[0][2] - posted < gather / 2, "claimed at once, not after a gathering"
+        assert claims.looks == [("claimer", 1)], claims.looks
+        assert claims.times[0] - posted < gather / 2, "claimed at once, not after a gathering"
         wait_until(lambda: count_by_status(app.store).get("sent") == 4, what="sent")
         for number in range(5):  # each announced as it is queued, within the gathering
             post(client, tenant, subject=f"m{number}")
@@ -307,8 +315,8 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
         wait_until(lambda: count_by_status(app.store).get("sent") == 9, what="sent")
     finally:
         app.stop(timeout=5)
-    assert [(who, found) for who, found, _ in looks] == [("claimer", 1), ("claimer", 5)], looks
-    assert looks[1][2] - looks[0][2] >= gather * 0.95, "the second claim waited for the rest"
+    assert claims.looks == [("claimer", 1), ("claimer", 5)], claims.looks
+    assert claims.times[1] - claims.times[0] >= gather * 0.95, "the second waited for the rest"
     # A sink on loopback takes a message in well under half a run's time: runs of two at least,
     # each recorded in one transaction (five emails: fewer records than emails).
     run = runs[-1]
@@ -328,21 +336,12 @@ def test_gathered_mail_from_a_slow_relay_goes_side_by_side(config, clock, sink):
     sink.behaviour.delay_seconds = RUN_SECONDS  # each reply: a message takes three at least
     app = create_app(config, clock=clock)
     tenant, client = make_tenant(app), Client(app)
-    looks: list[tuple[str, int]] = []
-    claim = app.delivery.claim
-
-    def counted(tx, wanted):
-        found = claim(tx, wanted)
-        who = "claimer" if threading.current_thread().name.endswith("claimer") else "sender"
-        looks.append((who, len(found[0])))
-        return found
-
-    app.delivery.claim = counted
+    claims = Claims(app)
     app.start()
     try:
         wait_until(lambda: app.delivery.claims >= 1, what="the first look")
         time.sleep(gather * 1.2)
-        del looks[:]
+        claims.clear()
         post(client, tenant, subject="first")  # (the relay's pace, measured)
         sink.wait_for(1, timeout=10)
         wait_until(lambda: count_by_status(app.store).get("sent") == 1, what="sent")
@@ -354,7 +353,10 @@ def test_gathered_mail_from_a_slow_relay_goes_side_by_side(config, clock, sink):
         app.stop(timeout=5)
     # One claim took the three (a thread's look for its next run may find none), and three
     # threads sent them, each on its own connection.
-    assert [(who, found) for who, found in looks if found] == [("claimer", 1), ("claimer", 3)]
+    assert [(who, found) for who, found in claims.looks if found] == [
+        ("claimer", 1),
+        ("claimer", 3),
+    ]
     assert len({received.connection for received in sink.messages[1:]}) == 3
 
 
