@@ -58,6 +58,8 @@ def test_a_setting_read_as_an_attribute_is_its_item_even_after_a_change():
         ({"MAILSVC_MAX_BODY_BYTES": "0"}, {}, "at least 1"),
         ({"MAILSVC_DELIVERY_NICE": "20"}, {}, "MAILSVC_DELIVERY_NICE=.20.: expected auto, or a "),
         ({"MAILSVC_DELIVERY_NICE": "-5"}, {}, "from 0 to 19"),
+        ({"MAILSVC_DELIVERY_GATHER_MS": "5000"}, {}, "milliseconds from 0 to 1000"),
+        ({"MAILSVC_DELIVERY_GATHER_MS": "-1"}, {}, "MAILSVC_DELIVERY_GATHER_MS=.-1.: expected"),
         ({}, {"sqlite_synchronous": "off"}, "MAILSVC_SQLITE_SYNCHRONOUS=.off.: expected FULL"),
         ({}, {"no_such_setting": 1}, "unknown setting"),
     ],
