@@ -202,8 +202,8 @@ class DeliveryPool(LeasedPool[Claimed]):
 
     def gathered_run(self) -> int:
         """As many emails of a gathered claim as the relay takes in :data:`RUN_SECONDS` go to
-        one thread: all of them from a relay on the same machine, one an idle thread from a
-        relay far away (or before the first message has gone), sent side by side."""
+        one thread: all of them from a relay on the same machine; from a relay far away (or
+        before the first message has gone), one to each idle thread, sent side by side."""
         took = self._message_seconds
         if took is None:
             return 1
