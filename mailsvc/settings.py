@@ -740,6 +740,10 @@ class Settings(dict[str, Any]):
         super().__setitem__(name, value)
         self.__dict__[name] = value
 
+    def update(self, *args: Any, **kwargs: Any) -> None:  # (each through __setitem__)
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
     def __getattr__(self, name: str) -> Any:  # (not a setting: the attribute lookup failed)
         raise AttributeError(name)
 

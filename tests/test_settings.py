@@ -44,6 +44,8 @@ def test_a_setting_read_as_an_attribute_is_its_item_even_after_a_change():
     assert settings.max_body_bytes == settings["max_body_bytes"] == 4096
     settings["max_body_bytes"] = 8192  # (as a test changes an app's settings)
     assert settings.max_body_bytes == 8192
+    settings.update(max_body_bytes=1024)
+    assert settings.max_body_bytes == 1024
     with pytest.raises(AttributeError):
         settings.no_such_setting  # noqa: B018
     # No setting hides a method of dict, which its attribute would.
