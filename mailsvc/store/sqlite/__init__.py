@@ -19,17 +19,18 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..announcements import Announcements
 from ..contract import Reads, Writes, each_read
 from ..outages import FULL, LOW_ON_ROOM, NOT_WRITABLE, WRITE_FAILURES, Conditions
 from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
-from .writer import Writer
+from ..writer import Job, Writer
 
 Result = TypeVar("Result")
 
@@ -118,12 +119,7 @@ class SqliteStore:
         #: Called with how long each job of a committed transaction waited, and how long it
         #: held the write lock (the metrics).
         self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
-        self._writer = Writer(
-            self._transaction,
-            self._sync_log,
-            self._close_writing,
-            lambda waits, held: self.on_commit(waits, held),
-        )
+        self._writer = Writer(self._commit_batch, self._close_writing)
         self._announcements = Announcements(Path(f"{self.path}-wake"))
 
     @contextmanager
@@ -146,6 +142,29 @@ class SqliteStore:
             result = self._writer.run(job, durable)
         self.conditions.ended(*WRITE_FAILURES)
         return result
+
+    def _commit_batch(self, jobs: list[Job[Any]]) -> None:
+        """The jobs in one transaction, each in a savepoint of its own; the log synced, once
+        the write lock is let go, if any of them is durable."""
+        with self._transaction() as tx:
+            began = time.perf_counter()
+            # Each waited for the writer, then the file lock.
+            waits = [began - job.queued_at for job in jobs]
+            # A job alone needs no savepoint (two statements): when it raises, the whole
+            # transaction is rolled back, and that is all it wrote.
+            alone = len(jobs) == 1
+            for job in jobs:
+                try:
+                    with nullcontext() if alone else tx.savepoint():
+                        job.result = job.work(tx)
+                except BaseException as exc:  # the job's own failure: handed to its caller
+                    job.error = exc
+                    if alone:
+                        raise
+        held = time.perf_counter() - began  # (from BEGIN until the lock was let go)
+        if any(job.durable for job in jobs):
+            self._sync_log()
+        self.on_commit(waits, held)
 
     def copy_into(self, copy: sqlite3.Connection) -> None:
         """Copy the database into the open database ``copy``, as one snapshot of what was

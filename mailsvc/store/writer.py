@@ -3,15 +3,14 @@ writes that come meanwhile are committed, many to a transaction, by the process'
 
 Request threads and delivery threads hand their work to the writer as a function of the
 transaction. A caller that finds no transaction under way runs its job at once, on its own
-thread, on the process's one write connection: no hand-off to another thread and back (each a
-wake-up of a sleeping thread, about 0.1 ms of CPU on a virtual machine, and its wait for the
-interpreter's lock). The callers that come while a transaction is under way queue and wait;
-the writer thread, handed the queue, commits what waits in batches until nothing does, so under
-load many jobs share one lock acquisition and one fsync, and only one thread in each process
-competes for the database's write lock. The fsync comes once the lock is let go (the store's
-``sync``), before the batch's callers are answered: other processes' writes do not wait for it.
-Each job of a batch runs in a savepoint of its own: a job that raises leaves no trace, and the
-others in its batch commit as if it had not been there.
+thread: no hand-off to another thread and back (each a wake-up of a sleeping thread, about
+0.1 ms of CPU on a virtual machine, and its wait for the interpreter's lock). The callers that
+come while a transaction is under way queue and wait; the writer thread, handed the queue,
+commits what waits in batches until nothing does, so under load many jobs share one
+transaction: on SQLite one acquisition of the database's write lock and one fsync, on
+PostgreSQL one round trip, one commit and one flush of the log. How a batch is committed is the
+backend's (``commit_batch``): it hands each job its result or its error, and a job that fails
+leaves no trace while the others in its batch commit as if it had not been there.
 
 A process whose other threads run at a lower priority than the process that answers requests
 (the delivering process and its helpers, ``MAILSVC_DELIVERY_NICE``) has every job committed by
@@ -27,11 +26,10 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
-from ..verbs import SqlVerbs
+from .contract import Writes
 
 Result = TypeVar("Result")
 
@@ -39,10 +37,12 @@ Result = TypeVar("Result")
 MAX_BATCH = 64
 
 
-class _Job(Generic[Result]):
+class Job(Generic[Result]):
+    """A caller's work for a transaction, and, once done, its result or its error."""
+
     __slots__ = ("work", "durable", "_pending", "result", "error", "queued_at")
 
-    def __init__(self, work: Callable[[SqlVerbs], Result], durable: bool) -> None:
+    def __init__(self, work: Callable[[Writes], Result], durable: bool) -> None:
         self.work = work
         self.durable = durable
         self.queued_at = time.perf_counter()
@@ -65,29 +65,23 @@ class Writer:
     """The writer of one process: who commits, and the queue of what waits. Its thread starts
     when first handed a queue, in the process that uses it (never carried across ``fork()``).
 
-    :param transaction: opens a write transaction on the process's write connection, under
-        the database's write lock; committed when it ends, not yet on disk.
-    :param sync: makes every transaction committed so far durable; called after a transaction
-        with a durable job in it has let the write lock go, before its jobs return.
-    :param close: closes that connection (the next transaction opens it again).
-    :param observe: called, once a transaction has committed and let the file lock go, with
-        how long each of its jobs waited for it and how long it held the lock.
+    :param commit_batch: commits the jobs in one transaction, handing each its ``result`` or
+        its ``error``; a job's error is the job's alone (the others commit), an error of the
+        commit is every job's.
+    :param close: closes the write connection, if the backend keeps one (the next transaction
+        opens it again).
     """
 
     def __init__(
         self,
-        transaction: Callable[[], AbstractContextManager[SqlVerbs]],
-        sync: Callable[[], None],
-        close: Callable[[], None],
-        observe: Callable[[Sequence[float], float], None] = lambda waits, held: None,
+        commit_batch: Callable[[list[Job[Any]]], None],
+        close: Callable[[], None] = lambda: None,
     ) -> None:
-        self._transaction = transaction
-        self._sync = sync
+        self._commit_batch = commit_batch
         self._close = close
-        self._observe = observe
         self._lock = threading.Lock()
         self._handed_over = threading.Condition(self._lock)
-        self._queue: deque[_Job[object]] = deque()
+        self._queue: deque[Job[object]] = deque()
         #: A transaction is under way, a caller's or the thread's (the thread's from when it
         #: is handed the queue until the queue is empty).
         self._busy = False
@@ -102,13 +96,13 @@ class Writer:
         self._always_handed = False
         self._pid: int | None = None
 
-    def run(self, work: Callable[[SqlVerbs], Result], durable: bool = True) -> Result:
+    def run(self, work: Callable[[Writes], Result], durable: bool = True) -> Result:
         """Run ``work(tx)`` in the writer's next transaction; its result, or its exception.
 
         :param durable: the result is returned only once the commit is on disk. A batch is
             durable when any of its jobs asks for it.
         """
-        job: _Job[Result] = _Job(work, durable)
+        job: Job[Result] = Job(work, durable)
         with self._lock:
             self._this_process()
             at_once = not self._busy and not self._always_handed
@@ -218,31 +212,12 @@ class Writer:
                     jobs = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
                 self._commit(jobs)
 
-    def _commit(self, jobs: list[_Job[object]]) -> None:
+    def _commit(self, jobs: list[Job[object]]) -> None:
         try:
-            with self._transaction() as tx:
-                began = time.perf_counter()
-                # Each waited for the writer, then the file lock.
-                waits = [began - job.queued_at for job in jobs]
-                # A job alone needs no savepoint (two statements): when it raises, the whole
-                # transaction is rolled back, and that is all it wrote.
-                alone = len(jobs) == 1
-                for job in jobs:
-                    try:
-                        with nullcontext() if alone else tx.savepoint():
-                            job.result = job.work(tx)
-                    except BaseException as exc:  # the job's own failure: handed to its caller
-                        job.error = exc
-                        if alone:
-                            raise
-            held = time.perf_counter() - began  # (from BEGIN until the lock was let go)
-            if any(job.durable for job in jobs):
-                self._sync()
-        except BaseException as exc:  # the commit (or its sync) failed: no job's result stands
+            self._commit_batch(jobs)
+        except BaseException as exc:  # (a committer hands each job its outcome; in case not)
             for job in jobs:
                 job.error = job.error or exc
-        else:
-            self._observe(waits, held)
         finally:
             for job in jobs:
                 job.done()
