@@ -26,6 +26,7 @@ class Change:
     :param wakes_delivery: the change queued mail.
     :param wakes_webhooks: the change may have made webhook events.
     :param accepted: the ids of the emails it accepts.
+    :param written_bytes: about how much ``apply`` writes (the bodies and files of emails).
     """
 
     apply: Callable[[Writes], None] | None
@@ -35,3 +36,4 @@ class Change:
     wakes_webhooks: bool = False
     #: The ids of the emails it accepts (counted, and named in the access log).
     accepted: tuple[str, ...] = ()
+    written_bytes: int = 0

@@ -39,6 +39,7 @@ def send_email(
         wakes_delivery=True,
         wakes_webhooks=makes_events,
         accepted=(email.id,),
+        written_bytes=_size(email),
     )
 
 
@@ -71,7 +72,14 @@ def send_batch(
         wakes_delivery=True,
         wakes_webhooks=makes_events,
         accepted=tuple(email.id for email in emails),
+        written_bytes=sum(_size(email) for email in emails),
     )
+
+
+def _size(email: NewEmail) -> int:
+    """About what storing the email writes: its bodies and files (characters, bytes)."""
+    files = sum(len(attachment.content) for attachment in email.attachments)
+    return len(email.html or "") + len(email.text or "") + files
 
 
 def _queue(emails: Sequence[NewEmail], field: str) -> tuple[Any, bool]:

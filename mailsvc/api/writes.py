@@ -26,6 +26,11 @@ from ..store import CreditExhausted, Store, TokenExhausted, Writes
 from .change import Change
 from .dependencies import Dependencies
 
+#: A change that writes more than this (a large email) commits in a transaction of its own,
+#: never in a batch of others' (PostgreSQL; see ``Store.write``): other accounts' writes never
+#: wait for it. Transactional mail is mostly a few KB.
+ALONE_BYTES = 256 * 1024
+
 
 @dataclass(frozen=True)
 class Wakers:
@@ -84,7 +89,7 @@ def carry_out(
         return earlier
 
     try:
-        replay = store.write(apply)
+        replay = store.write(apply, alone=change.written_bytes > ALONE_BYTES)
     except TokenExhausted:
         raise limiter.refusal(store.reads, admission) from None
     except CreditExhausted as exc:

@@ -764,16 +764,22 @@ class Store(Protocol):
         reads, then computes or waits, then reads again, holding nothing in between."""
         ...
 
-    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+    def write(
+        self, job: Callable[[Writes], Result], durable: bool = True, alone: bool = False
+    ) -> Result:
         """Run ``job`` in a write transaction and commit it; its result, or its exception (then
         nothing it wrote stands).
 
         ``job`` must be short store work: no rendering, no key generation, no network, no
         encoding of answers. On SQLite it runs under the database's one write lock. On
-        PostgreSQL it may run again after a deadlock, so it must have no other effect.
+        PostgreSQL it may run again (after a deadlock, or in a transaction of its own when
+        another job of its batch failed), so it must have no other effect.
 
         :param durable: the commit is on disk before this returns. When False it may be lost
             with the power (not with the process): for rate-limit tokens, claims and leases.
+        :param alone: the job writes much (a large email): on PostgreSQL it commits in a
+            transaction of its own, beside the others, never in a batch that others wait for.
+            (SQLite writes one transaction at a time whatever this says.)
         """
         ...
 

@@ -48,6 +48,7 @@ from ..outages import (
 )
 from ..sql import Dialect, migration_scripts
 from ..verbs import SqlVerbs
+from ..writer import Job, Writer
 
 Result = TypeVar("Result")
 
@@ -82,6 +83,15 @@ class _InDoubt(Exception):
     the transaction committed (its id had not come back: a job whose statements all travel
     with the COMMIT, an accept). Never done again (the client is told 503; a retry with its
     ``Idempotency-Key`` is safe)."""
+
+
+#: Write transactions a process has under way at once, at most; the writes that come while
+#: every lane is taken wait, and commit many to a transaction (see ..writer).
+WRITE_LANES = 4
+
+#: What means the server cannot take the work now, not that a job of a batch failed: every
+#: job of the batch gets it, as it would alone.
+_SERVER_ERRORS = (psycopg.OperationalError, PoolTimeout, StoreUnavailable, _InDoubt)
 
 
 def _unique_violation(exc: BaseException) -> str | None:
@@ -248,6 +258,7 @@ class PostgresStore:
         folder = private_folder(_identity(url))
         #: This machine's processes on the same database, woken without the server.
         self._local = Announcements(folder) if folder is not None else None
+        self._writer = Writer(self._commit_batch, lanes=WRITE_LANES)
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
@@ -402,21 +413,54 @@ class PostgresStore:
         interval = max(1, math.ceil((silent - idle) / probes))
         return idle, interval, probes, round(silent * 1000)
 
-    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+    def write(
+        self, job: Callable[[Writes], Result], durable: bool = True, alone: bool = False
+    ) -> Result:
         with self._outages():
-            result = self._write(job, durable)
+            if alone:
+                result = self._write(job, durable, [time.perf_counter()])
+            else:
+                result = self._writer.run(job, durable)
         self.conditions.ended(*WRITE_FAILURES)
         return result
 
-    def _write(self, job: Callable[[Writes], Result], durable: bool) -> Result:
+    def _commit_batch(self, jobs: list[Job[Any]]) -> None:
+        """The jobs in one transaction, their statements in one message with its COMMIT. A job
+        that fails, or is refused, undoes the whole transaction: then each job is done again
+        in a transaction of its own (a job does nothing but store work, so it may be done
+        again), and gets its own outcome. An outage is every job's."""
+        if len(jobs) > 1:
+            durable = any(job.durable for job in jobs)
+            try:
+                queued_at = [job.queued_at for job in jobs]
+                results = self._write(partial(_each_job, jobs), durable, queued_at)
+            except _SERVER_ERRORS as exc:
+                for job in jobs:
+                    job.error = exc
+                return
+            except Exception:
+                pass  # one job's failure: each alone, below
+            else:
+                for job, result in zip(jobs, results, strict=True):
+                    job.result = result
+                return
+        for job in jobs:
+            try:
+                job.result = self._write(job.work, job.durable, [job.queued_at])
+            except BaseException as exc:
+                job.error = exc
+
+    def _write(
+        self, job: Callable[[Writes], Result], durable: bool, queued_at: Sequence[float]
+    ) -> Result:
         # A write that need not wait for the disk says so along with BEGIN.
         begin = ("BEGIN",) if durable else ("BEGIN", "SET LOCAL synchronous_commit = off")
-        waiting = time.perf_counter()
 
         def run(connection: psycopg.Connection[Any]) -> Result:
             began = time.perf_counter()
             result = carry_out(connection)
-            self.on_commit([began - waiting], time.perf_counter() - began)
+            waits = [began - queued for queued in queued_at]
+            self.on_commit(waits, time.perf_counter() - began)
             return result
 
         def carry_out(connection: psycopg.Connection[Any]) -> Result:
@@ -453,7 +497,6 @@ class PostgresStore:
                 if attempt == _RETRIES:
                     raise
             time.sleep(random.uniform(0, 0.01 * 2**attempt))
-            waiting = time.perf_counter()
         raise AssertionError("unreachable")
 
     def _outcome_of(self, transaction_id: str | None) -> str | None:
@@ -579,6 +622,7 @@ class PostgresStore:
         pass  # a transaction's contended rows are locked only while the server runs its end
 
     def shutdown(self) -> None:
+        self._writer.stop()
         with self._lock:
             pool, listener, pid = self._pool, self._listener, self._pid
             self._pool, self._listener, self._pid = None, None, None
@@ -647,6 +691,13 @@ class PostgresStore:
             pool.close()
             raise StoreUnavailable(f"{self.setting}: cannot connect ({exc})") from None
         return pool
+
+
+def _each_job(jobs: Sequence[Job[Any]], verbs: SqlVerbs) -> list[Any]:
+    """Every job's work, in order, on one transaction's verbs: their statements queue one after
+    the other, and what each holds back for the COMMIT goes with it (an account's credit, its
+    bucket, the day's counts added up)."""
+    return [job.work(verbs) for job in jobs]
 
 
 def _commit(opened: _Connection, verbs: SqlVerbs) -> None:

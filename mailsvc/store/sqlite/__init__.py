@@ -137,7 +137,9 @@ class SqliteStore:
                 else:
                     self._give_back(connection)
 
-    def write(self, job: Callable[[Writes], Result], durable: bool = True) -> Result:
+    def write(
+        self, job: Callable[[Writes], Result], durable: bool = True, alone: bool = False
+    ) -> Result:
         with self._outages():
             result = self._writer.run(job, durable)
         self.conditions.ended(*WRITE_FAILURES)

@@ -1,0 +1,155 @@
+"""PostgreSQL's group commit: writes that come while every lane of a process is taken share one
+transaction; a job refused or failing there is refused alone, and the others commit; a large
+write never waits in a batch."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from werkzeug.test import Client
+
+from mailsvc import operator
+from mailsvc.store import CreditExhausted, Store
+from mailsvc.store.postgres import WRITE_LANES
+
+from .conftest import email_body, make_tenant, wait_until
+
+pytestmark = pytest.mark.postgres_only
+
+
+class HeldLanes:
+    """Every lane of ``store``'s writer taken by a job that waits until :meth:`release`."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._release = threading.Event()
+        self._holding = threading.Semaphore(0)
+        self._threads = [
+            threading.Thread(target=store.write, args=(self._hold,)) for _ in range(WRITE_LANES)
+        ]
+
+    def _hold(self, tx: Any) -> None:
+        self._holding.release()
+        assert self._release.wait(10)
+
+    def __enter__(self) -> HeldLanes:
+        for thread in self._threads:
+            thread.start()
+        for _ in self._threads:
+            assert self._holding.acquire(timeout=5), "a lane was never taken"
+        return self
+
+    def release(self) -> None:
+        self._release.set()
+        for thread in self._threads:
+            thread.join(10)
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _queued_behind(store: Store, held: HeldLanes, jobs: list[Callable[[Any], Any]]) -> list[object]:
+    """Each job written from a thread of its own while ``held``; once all wait for a lane,
+    the lanes are let go: each job's result, or its exception."""
+    outcomes: list[object] = [None] * len(jobs)
+
+    def write(index: int) -> None:
+        try:
+            outcomes[index] = store.write(jobs[index])
+        except Exception as exc:
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=write, args=(index,)) for index in range(len(jobs))]
+    for count, thread in enumerate(threads, start=1):
+        thread.start()
+        # In order: the batch takes them as they queued.
+        wait_until(lambda count=count: store._writer.queued() == count, 5)
+    held.release()
+    for thread in threads:
+        thread.join(10)
+    return outcomes
+
+
+@pytest.fixture
+def store(open_test_store: Callable[[], Store]) -> Iterator[Store]:
+    yield open_test_store()
+
+
+def _spend(account_id: str, tell_transaction: bool = False) -> Callable[[Any], Any]:
+    def job(tx: Any) -> str | None:
+        tx.spend_credits(account_id, 1)
+        if not tell_transaction:
+            return None
+        return tx.connection.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+
+    return job
+
+
+def test_writes_that_wait_for_a_lane_share_one_transaction(store):
+    account = operator.create_account(store, "Batched", 10)["id"]
+    with HeldLanes(store) as held:
+        outcomes = _queued_behind(store, held, [_spend(account, True) for _ in range(3)])
+    assert all(isinstance(outcome, str) for outcome in outcomes), outcomes
+    assert len(set(outcomes)) == 1  # one transaction's id
+    assert store.reads.get_account(account).credits == 7
+
+
+def test_a_job_refused_or_failing_in_a_batch_is_refused_alone_and_the_others_commit(store):
+    account = operator.create_account(store, "Two credits", 2)["id"]
+
+    def fails(tx: Any) -> None:
+        tx.spend_credits(account, 0)
+        raise ValueError("this job's own failure")
+
+    jobs = [_spend(account), fails, _spend(account), _spend(account)]
+    with HeldLanes(store) as held:
+        outcomes = _queued_behind(store, held, jobs)
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], ValueError)
+    assert isinstance(outcomes[3], CreditExhausted)  # the one that would overdraw, alone
+    assert store.reads.get_account(account).credits == 0
+
+
+def test_a_write_alone_commits_while_every_lane_is_taken(store):
+    account = operator.create_account(store, "Alone", 10)["id"]
+    with HeldLanes(store):
+        started = time.monotonic()
+        store.write(_spend(account), alone=True)
+        assert time.monotonic() - started < 5
+        assert store.reads.get_account(account).credits == 9
+        queued = threading.Thread(target=store.write, args=(_spend(account),))
+        queued.start()  # (not alone: it waits for a lane)
+        wait_until(lambda: store._writer.queued() == 1, 5, "the other write to queue")
+        assert store.reads.get_account(account).credits == 9
+    queued.join(10)
+    assert store.reads.get_account(account).credits == 8
+
+
+@pytest.mark.parametrize("size, alone", [(300_000, True), (2_000, False)])
+def test_a_large_email_is_written_alone(app, client: Client, monkeypatch, size, alone):
+    """An email over ``ALONE_BYTES`` of bodies and files is queued by a write alone (above),
+    never in a batch that other accounts' accepts wait for; a small one by a write that may
+    share a batch."""
+    tenant = make_tenant(app)
+    body = email_body(
+        attachments=[{"filename": "report.bin", "content": base64.b64encode(b"1" * size).decode()}]
+    )
+    writes: list[bool] = []
+    write = app.store.write
+
+    def noted(job: Any, durable: bool = True, alone: bool = False) -> Any:
+        result = write(job, durable, alone)
+        writes.append(alone)
+        return result
+
+    monkeypatch.setattr(app.store, "write", noted)
+    sent = client.post("/v1/emails", json=body, headers=tenant.headers)
+    assert sent.status_code == 200, sent.get_json()
+    assert writes[-1] is alone  # the write that queued it (the last of the request)
+    shown = client.get(f"/v1/emails/{sent.get_json()['id']}", headers=tenant.headers).get_json()
+    assert shown["attachments"][0]["size"] == size
