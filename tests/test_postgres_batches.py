@@ -1,6 +1,6 @@
-"""PostgreSQL's group commit: writes that come while every lane of a process is taken share one
-transaction; a job refused or failing there is refused alone, and the others commit; a large
-write never waits in a batch."""
+"""PostgreSQL's group commit: writes that come while a process's write transaction is under way
+share the next one; a job refused or failing there is refused alone, and the others commit; a
+large write never waits in a batch."""
 
 from __future__ import annotations
 
@@ -15,47 +15,42 @@ from werkzeug.test import Client
 
 from mailsvc import operator
 from mailsvc.store import CreditExhausted, Store
-from mailsvc.store.postgres import WRITE_LANES
 
 from .conftest import email_body, make_tenant, wait_until
 
 pytestmark = pytest.mark.postgres_only
 
 
-class HeldLanes:
-    """Every lane of ``store``'s writer taken by a job that waits until :meth:`release`."""
+class HeldWriter:
+    """``store``'s write transaction under way, held by a job that waits until :meth:`release`."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
         self._release = threading.Event()
-        self._holding = threading.Semaphore(0)
-        self._threads = [
-            threading.Thread(target=store.write, args=(self._hold,)) for _ in range(WRITE_LANES)
-        ]
+        self._holding = threading.Event()
+        self._thread = threading.Thread(target=store.write, args=(self._hold,))
 
     def _hold(self, tx: Any) -> None:
-        self._holding.release()
+        self._holding.set()
         assert self._release.wait(10)
 
-    def __enter__(self) -> HeldLanes:
-        for thread in self._threads:
-            thread.start()
-        for _ in self._threads:
-            assert self._holding.acquire(timeout=5), "a lane was never taken"
+    def __enter__(self) -> HeldWriter:
+        self._thread.start()
+        assert self._holding.wait(5), "the holding job never ran"
         return self
 
     def release(self) -> None:
         self._release.set()
-        for thread in self._threads:
-            thread.join(10)
+        self._thread.join(10)
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-def _queued_behind(store: Store, held: HeldLanes, jobs: list[Callable[[Any], Any]]) -> list[object]:
-    """Each job written from a thread of its own while ``held``; once all wait for a lane,
-    the lanes are let go: each job's result, or its exception."""
+def _queued_behind(
+    store: Store, held: HeldWriter, jobs: list[Callable[[Any], Any]]
+) -> list[object]:
+    """Each job written from a thread of its own while ``held``; once all wait, the held
+    transaction is let go: each job's result, or its exception."""
     outcomes: list[object] = [None] * len(jobs)
 
     def write(index: int) -> None:
@@ -90,9 +85,9 @@ def _spend(account_id: str, tell_transaction: bool = False) -> Callable[[Any], A
     return job
 
 
-def test_writes_that_wait_for_a_lane_share_one_transaction(store):
+def test_writes_that_wait_while_one_is_under_way_share_one_transaction(store):
     account = operator.create_account(store, "Batched", 10)["id"]
-    with HeldLanes(store) as held:
+    with HeldWriter(store) as held:
         outcomes = _queued_behind(store, held, [_spend(account, True) for _ in range(3)])
     assert all(isinstance(outcome, str) for outcome in outcomes), outcomes
     assert len(set(outcomes)) == 1  # one transaction's id
@@ -107,7 +102,7 @@ def test_a_job_refused_or_failing_in_a_batch_is_refused_alone_and_the_others_com
         raise ValueError("this job's own failure")
 
     jobs = [_spend(account), fails, _spend(account), _spend(account)]
-    with HeldLanes(store) as held:
+    with HeldWriter(store) as held:
         outcomes = _queued_behind(store, held, jobs)
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], ValueError)
@@ -115,15 +110,15 @@ def test_a_job_refused_or_failing_in_a_batch_is_refused_alone_and_the_others_com
     assert store.reads.get_account(account).credits == 0
 
 
-def test_a_write_alone_commits_while_every_lane_is_taken(store):
+def test_a_write_alone_commits_beside_the_one_under_way(store):
     account = operator.create_account(store, "Alone", 10)["id"]
-    with HeldLanes(store):
+    with HeldWriter(store):
         started = time.monotonic()
         store.write(_spend(account), alone=True)
         assert time.monotonic() - started < 5
         assert store.reads.get_account(account).credits == 9
         queued = threading.Thread(target=store.write, args=(_spend(account),))
-        queued.start()  # (not alone: it waits for a lane)
+        queued.start()  # (not alone: it waits for the one under way)
         wait_until(lambda: store._writer.queued() == 1, 5, "the other write to queue")
         assert store.reads.get_account(account).credits == 9
     queued.join(10)

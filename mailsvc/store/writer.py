@@ -62,44 +62,37 @@ class Job(Generic[Result]):
 
 
 class Writer:
-    """The writer of one process: who commits, and the queue of what waits. Its threads start
-    when first handed the queue, in the process that uses it (never carried across ``fork()``).
+    """The writer of one process: who commits, and the queue of what waits. Its thread starts
+    when first handed a queue, in the process that uses it (never carried across ``fork()``).
 
     :param commit_batch: commits the jobs in one transaction, handing each its ``result`` or
         its ``error``; a job's error is the job's alone (the others commit), an error of the
         commit is every job's.
     :param close: closes the write connection, if the backend keeps one (the next transaction
         opens it again).
-    :param lanes: transactions under way at once, at most: 1 where the backend has one write
-        connection (SQLite); a caller that finds a lane free runs its job at once, and jobs
-        queue only while every lane is taken.
     """
 
     def __init__(
         self,
         commit_batch: Callable[[list[Job[Any]]], None],
         close: Callable[[], None] = lambda: None,
-        lanes: int = 1,
     ) -> None:
         self._commit_batch = commit_batch
         self._close = close
-        self._lanes = lanes
         self._lock = threading.Lock()
         self._handed_over = threading.Condition(self._lock)
         self._queue: deque[Job[object]] = deque()
-        #: Lanes taken: a caller's transaction under way, or a thread's from when it is handed
-        #: the queue until the queue is empty.
-        self._under_way = 0
-        #: Lanes handed to the threads and not yet taken up by one.
-        self._handed = 0
-        #: Threads running (in :attr:`_pid`), those waiting to be handed a lane, and whether
-        #: they are to end once idle.
-        self._threads = 0
-        self._waiting = 0
+        #: A transaction is under way, a caller's or the thread's (the thread's from when it
+        #: is handed the queue until the queue is empty).
+        self._busy = False
+        #: The thread is to commit what waits.
+        self._handed = False
+        #: The thread runs (in :attr:`_pid`), and is to end once idle.
+        self._running = False
         self._ending = False
-        #: The write connection is to be closed when no transaction is under way.
+        #: The write connection is to be closed when the transaction under way is done.
         self._closing = False
-        #: Every job is handed to the threads, none run on its caller's.
+        #: Every job is handed to the thread, none run on its caller's.
         self._always_handed = False
         self._pid: int | None = None
 
@@ -112,13 +105,13 @@ class Writer:
         job: Job[Result] = Job(work, durable)
         with self._lock:
             self._this_process()
-            free = self._under_way < self._lanes
-            at_once = free and not self._always_handed
-            if free:
-                self._under_way += 1
-            if not at_once:
+            at_once = not self._busy and not self._always_handed
+            if at_once:
+                self._busy = True
+            else:
                 self._queue.append(job)  # type: ignore[arg-type]
-                if free:
+                if not self._busy:
+                    self._busy = True
                     self._hand_over()
         if at_once:
             try:
@@ -132,35 +125,35 @@ class Writer:
         return job.result  # type: ignore[return-value]
 
     def commit_on_its_own_thread(self) -> None:
-        """From now on, in this process, commit every job on the writer's threads, the first
-        started now by the caller: it runs at the caller's priority, whatever the threads that
-        hand it jobs run at (on Linux a thread's nice value is its own, and a thread starts
-        with its creator's)."""
+        """From now on, in this process, commit every job on the writer thread, started now
+        by the caller: it runs at the caller's priority, whatever the threads that hand it
+        jobs run at (on Linux a thread's nice value is its own, and a thread starts with its
+        creator's)."""
         with self._lock:
             self._this_process()
             self._always_handed = True
-            if not self._threads:
+            if not self._running:
                 self._start_thread()
 
     def stop(self) -> None:
-        """End the writer's threads once what waits is committed, and close the write
-        connection once no transaction is under way; the next :meth:`run` opens it again."""
+        """End the writer thread once what waits is committed, and close the write connection
+        once the transaction under way is done; the next :meth:`run` opens it again."""
         with self._lock:
             self._this_process()
-            if self._threads:
+            if self._running:
                 self._ending = True
-                self._handed_over.notify_all()
-            if self._under_way:
-                self._closing = True  # (whoever ends the last transaction under way closes it)
+                self._handed_over.notify()
+            if self._busy:
+                self._closing = True  # (whoever ends the transaction under way closes it)
                 return
-            self._under_way += 1
+            self._busy = True
         try:
             self._close()
         finally:
             self._done()
 
     def _done(self) -> None:
-        """A transaction, or the close, is done: its lane goes to a thread, for what queued
+        """The transaction under way, or the close, is done: the thread is handed what queued
         meanwhile, if anything did."""
         with self._lock:
             if self._queue:
@@ -169,7 +162,7 @@ class Writer:
                 self._idle()
 
     def queued(self) -> int:
-        """Jobs waiting for a transaction (not those being committed)."""
+        """Jobs waiting for a transaction (not the one being committed)."""
         with self._lock:
             return len(self._queue)
 
@@ -179,45 +172,38 @@ class Writer:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._queue = deque()
-            self._under_way = self._handed = self._threads = self._waiting = 0
-            self._ending = self._closing = False
-            self._always_handed = False  # (the threads that would commit were the parent's)
+            self._busy = self._handed = self._running = self._ending = self._closing = False
+            self._always_handed = False  # (the thread that would commit was the parent's)
 
     def _hand_over(self) -> None:
-        """Hand a lane, with the queue, to a thread: one that waits, or a new one (called
-        holding the lock)."""
-        self._handed += 1
-        self._ending = False
-        if self._waiting >= self._handed:
+        """Hand the queue to the thread, started if need be (called holding the lock)."""
+        self._handed, self._ending = True, False
+        if self._running:
             self._handed_over.notify()
-        else:
-            self._start_thread()
+            return
+        self._start_thread()
 
     def _start_thread(self) -> None:
-        """Start a thread that commits what it is handed (called holding the lock)."""
-        self._threads += 1
+        """Start the thread that commits what it is handed (called holding the lock)."""
+        self._running = True
         threading.Thread(target=self._loop, name="mailsvc-writer", daemon=True).start()
 
     def _idle(self) -> None:
-        """A lane's transaction is done and nothing waits (called holding the lock)."""
-        self._under_way -= 1
-        if self._closing and not self._under_way:
+        """The transaction under way is done and nothing waits (called holding the lock)."""
+        if self._closing:
             self._closing = False
             self._close()
+        self._busy = False
 
     def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self._handed and not self._ending:
-                    self._waiting += 1
                     self._handed_over.wait()
-                    self._waiting -= 1
                 if not self._handed:  # ending, and idle
-                    self._threads -= 1
-                    if not self._threads:
-                        self._ending = False
+                    self._running = self._ending = False
                     return
-                self._handed -= 1
+                self._handed = False
             while True:
                 with self._lock:
                     if not self._queue:

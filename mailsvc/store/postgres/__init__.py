@@ -85,10 +85,6 @@ class _InDoubt(Exception):
     ``Idempotency-Key`` is safe)."""
 
 
-#: Write transactions a process has under way at once, at most; the writes that come while
-#: every lane is taken wait, and commit many to a transaction (see ..writer).
-WRITE_LANES = 4
-
 #: What means the server cannot take the work now, not that a job of a batch failed: every
 #: job of the batch gets it, as it would alone.
 _SERVER_ERRORS = (psycopg.OperationalError, PoolTimeout, StoreUnavailable, _InDoubt)
@@ -258,7 +254,9 @@ class PostgresStore:
         folder = private_folder(_identity(url))
         #: This machine's processes on the same database, woken without the server.
         self._local = Announcements(folder) if folder is not None else None
-        self._writer = Writer(self._commit_batch, lanes=WRITE_LANES)
+        #: One write transaction under way at a time in a process, as on SQLite: those that
+        #: come meanwhile commit many to a transaction (see ..writer).
+        self._writer = Writer(self._commit_batch)
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
