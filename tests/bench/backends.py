@@ -76,7 +76,10 @@ def measure(database: str, sink: Sink, args, folder: Path) -> dict[str, float]:
 def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str, float]:
     """Accepts a second on one PostgreSQL database: one host with two workers, then two hosts
     with one worker each; each by two wrk runs at once (both at the one host, or one at each
-    host), so that the load generator costs the same in both."""
+    host), so that the load generator costs the same in both. Each of the two hosts has a core
+    of its own, as two machines would (started with that core its only one, so that it pins its
+    worker there and its delivery runs there): two hosts pinned by the same rule to the same
+    first core would be one machine's two workers on one core."""
     _, key = prepare(url)
     env = {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
     headers, body = {"Authorization": f"Bearer {key}"}, json.dumps(email(1))
@@ -96,7 +99,14 @@ def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str,
         one_host = rate([one.port, one.port])
     finally:
         one.stop()
-    two = [serve(env, 1), serve(env, 1)]
+    everything = os.sched_getaffinity(0)
+    two = []
+    for core in sorted(everything)[:2]:
+        os.sched_setaffinity(0, {core})  # (what a child starts with)
+        try:
+            two.append(serve(env, 1))
+        finally:
+            os.sched_setaffinity(0, everything)
     try:
         two_hosts = rate([host.port for host in two])
     finally:
