@@ -7,9 +7,11 @@ from __future__ import annotations
 import base64
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from werkzeug.test import Client
 
@@ -148,3 +150,91 @@ def test_a_large_email_is_written_alone(app, client: Client, monkeypatch, size, 
     assert writes[-1] is alone  # the write that queued it (the last of the request)
     shown = client.get(f"/v1/emails/{sent.get_json()['id']}", headers=tenant.headers).get_json()
     assert shown["attachments"][0]["size"] == size
+
+
+_NOTE_UPDATES = """
+CREATE TABLE updated_rows (name text);
+CREATE FUNCTION note_update() RETURNS trigger LANGUAGE plpgsql AS
+    $$ BEGIN INSERT INTO updated_rows VALUES (TG_TABLE_NAME); RETURN NEW; END $$;
+CREATE TRIGGER noted AFTER UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION note_update();
+CREATE TRIGGER noted AFTER UPDATE ON rate_buckets FOR EACH ROW EXECUTE FUNCTION note_update();
+"""
+
+
+def _updated_rows(database: str) -> Counter[str]:
+    with psycopg.connect(database) as connection:
+        rows = connection.execute("DELETE FROM updated_rows RETURNING name").fetchall()
+    return Counter(name for (name,) in rows)
+
+
+def test_a_batch_takes_an_accounts_credit_and_tokens_once_for_all_its_emails(store, database):
+    """In a batch, the credit's and the bucket's statements of one account go as one each
+    (fewer versions of the account's rows, fewer statements); what they take adds up."""
+    account = operator.create_account(store, "Merged", 10)["id"]
+
+    def take(tx: Any) -> None:
+        tx.spend_credits(account, 2)
+        tx.spend_token(account, "send", 60, time.time())
+
+    store.write(take)  # (the bucket's row is made)
+    with psycopg.connect(database) as connection:
+        connection.execute(_NOTE_UPDATES)
+    with HeldWriter(store) as held:
+        outcomes = _queued_behind(store, held, [take, take, take])
+    assert outcomes == [None, None, None]
+    assert _updated_rows(database) == {"accounts": 1, "rate_buckets": 1}
+    assert store.reads.get_account(account).credits == 10 - 4 * 2
+    _, (tokens, _) = store.reads.get_bucket(account, "send")
+    assert 55.9 < tokens < 56.5  # 60, four taken, a second's refill at most
+
+    store.write(take)  # alone, as before
+    assert _updated_rows(database) == {"accounts": 1, "rate_buckets": 1}
+
+
+def test_batches_lock_accounts_rows_in_one_order(open_test_store, database):
+    """Two processes' batches that spend the credit of the same two accounts, queued in
+    opposite orders, lock their rows in one order: neither waits for the other in a circle
+    (PostgreSQL would find the deadlock only after its deadlock_timeout, 1 s, and undo one)."""
+    one, two = open_test_store(), open_test_store()
+    first = operator.create_account(one, "First", 10)["id"]
+    second = operator.create_account(one, "Second", 10)["id"]
+    outcomes: list[object] = []
+
+    def spend(store: Store, account: str) -> None:
+        try:
+            outcomes.append(store.write(_spend(account)))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    with (
+        psycopg.connect(database) as blocker,
+        psycopg.connect(database, autocommit=True) as watcher,  # (a fresh view at each look)
+    ):
+        # The first account's row, locked until both batches wait for it.
+        blocker.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (first,))
+        writes = []
+        with HeldWriter(one) as held_one, HeldWriter(two) as held_two:
+            for store, accounts in ((one, (first, second)), (two, (second, first))):
+                for count, account in enumerate(accounts, start=1):
+                    writes.append(threading.Thread(target=spend, args=(store, account)))
+                    writes[-1].start()
+                    wait_until(lambda store=store, count=count: store._writer.queued() == count, 5)
+            held_one.release()
+            held_two.release()
+
+            def waiting_for_locks() -> int:
+                return watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                ).fetchone()[0]
+
+            wait_until(lambda: waiting_for_locks() == 2, 5, "both batches to wait for the row")
+            started = time.monotonic()
+            blocker.commit()
+            for write in writes:
+                write.join(10)
+            took = time.monotonic() - started
+    assert outcomes == [None] * 4
+    assert took < 0.9, f"{took:.2f} s: a deadlock, found and undone"
+    assert one.reads.get_account(first).credits == 8
+    assert one.reads.get_account(second).credits == 8

@@ -46,7 +46,7 @@ from ..outages import (
     Conditions,
     ServerLimits,
 )
-from ..sql import Dialect, migration_scripts
+from ..sql import Dialect, in_row_order, migration_scripts
 from ..verbs import SqlVerbs
 from ..writer import Job, Writer
 
@@ -695,6 +695,7 @@ def _each_job(jobs: Sequence[Job[Any]], verbs: SqlVerbs) -> list[Any]:
     """Every job's work, in order, on one transaction's verbs: their statements queue one after
     the other, and what each holds back for the COMMIT goes with it (an account's credit, its
     bucket, the day's counts added up)."""
+    verbs.merges_held_back = True
     return [job.work(verbs) for job in jobs]
 
 
@@ -712,7 +713,7 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
         with connection.pipeline():
             opened.send_waiting()
             cursor = connection.cursor()
-            for statement in held_back:
+            for statement in in_row_order(held_back, verbs.merges_held_back):
                 cursor.execute(_placeholders(statement.sql), statement.params, prepare=True)
             for sql, params in counts:
                 cursor.execute(_placeholders(sql), params, prepare=True)
