@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -150,45 +149,6 @@ def test_a_large_email_is_written_alone(app, client: Client, monkeypatch, size, 
     assert writes[-1] is alone  # the write that queued it (the last of the request)
     shown = client.get(f"/v1/emails/{sent.get_json()['id']}", headers=tenant.headers).get_json()
     assert shown["attachments"][0]["size"] == size
-
-
-_NOTE_UPDATES = """
-CREATE TABLE updated_rows (name text);
-CREATE FUNCTION note_update() RETURNS trigger LANGUAGE plpgsql AS
-    $$ BEGIN INSERT INTO updated_rows VALUES (TG_TABLE_NAME); RETURN NEW; END $$;
-CREATE TRIGGER noted AFTER UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION note_update();
-CREATE TRIGGER noted AFTER UPDATE ON rate_buckets FOR EACH ROW EXECUTE FUNCTION note_update();
-"""
-
-
-def _updated_rows(database: str) -> Counter[str]:
-    with psycopg.connect(database) as connection:
-        rows = connection.execute("DELETE FROM updated_rows RETURNING name").fetchall()
-    return Counter(name for (name,) in rows)
-
-
-def test_a_batch_takes_an_accounts_credit_and_tokens_once_for_all_its_emails(store, database):
-    """In a batch, the credit's and the bucket's statements of one account go as one each
-    (fewer versions of the account's rows, fewer statements); what they take adds up."""
-    account = operator.create_account(store, "Merged", 10)["id"]
-
-    def take(tx: Any) -> None:
-        tx.spend_credits(account, 2)
-        tx.spend_token(account, "send", 60, time.time())
-
-    store.write(take)  # (the bucket's row is made)
-    with psycopg.connect(database) as connection:
-        connection.execute(_NOTE_UPDATES)
-    with HeldWriter(store) as held:
-        outcomes = _queued_behind(store, held, [take, take, take])
-    assert outcomes == [None, None, None]
-    assert _updated_rows(database) == {"accounts": 1, "rate_buckets": 1}
-    assert store.reads.get_account(account).credits == 10 - 4 * 2
-    _, (tokens, _) = store.reads.get_bucket(account, "send")
-    assert 55.9 < tokens < 56.5  # 60, four taken, a second's refill at most
-
-    store.write(take)  # alone, as before
-    assert _updated_rows(database) == {"accounts": 1, "rate_buckets": 1}
 
 
 def test_batches_lock_accounts_rows_in_one_order(open_test_store, database):

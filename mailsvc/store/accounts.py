@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from .contract import CreditExhausted, TokenExhausted
 from .records import Account
-from .sql import Connection, Contended, Dialect, added_amounts
+from .sql import Connection, Contended, Dialect
 
 #: The check constraints that refuse an overdraft and a take from an empty bucket.
 CREDITS_CHECK = "accounts_credits_check"
@@ -66,7 +65,6 @@ class AccountVerbs:
                 CREDITS_CHECK,
                 lambda: CreditExhausted(amount),
                 row=("accounts", account_id),
-                merge=added_amounts,
             )
         )
 
@@ -137,22 +135,11 @@ class AccountVerbs:
             Contended(
                 f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
                 f"VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE SET "
-                f"tokens = {self._refilled()} - ?, "
+                f"tokens = {self._refilled()} - 1, "
                 f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
-                (account_id, route_group, capacity - 1, now, capacity, now, capacity / 60, 1, now),
+                (account_id, route_group, capacity - 1.0, now, capacity, now, capacity / 60, now),
                 TOKENS_CHECK,
                 TokenExhausted,
                 row=("rate_buckets", account_id, route_group),
-                merge=_tokens_taken,
             )
         )
-
-
-def _tokens_taken(first: tuple[Any, ...], second: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Two takes from one bucket (:meth:`AccountVerbs.spend_token`'s parameters) as one: the
-    bucket refilled to the later of their times, then both tokens taken (a take from a full
-    bucket loses what the refill between the two would have added: never more lenient)."""
-    account_id, route_group, _, _, capacity, _, per_second, taken, _ = first
-    now = max(first[3], second[3])
-    count = taken + second[7]
-    return (account_id, route_group, capacity - count, now, capacity, now, per_second, count, now)

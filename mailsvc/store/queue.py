@@ -17,7 +17,7 @@ from .accounts import CREDITS_CHECK
 from .contract import CreditExhausted, LeaseLost
 from .history import CLAIMED_COLUMNS, EMAIL_COLUMNS, HistoryVerbs
 from .records import Attachment, Attempted, EmailRecord, NewEmail, Recipient
-from .sql import Contended, added_amounts, marks
+from .sql import Contended, marks
 
 #: The columns an accepted email is inserted with.
 _NEW_EMAIL = (
@@ -308,7 +308,6 @@ class QueueVerbs(HistoryVerbs):
                 CREDITS_CHECK,
                 lambda: CreditExhausted(0),
                 row=("accounts", account_id),
-                merge=added_amounts,
             )
         )
 

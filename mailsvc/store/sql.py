@@ -10,7 +10,7 @@ constraint an integrity error names.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from typing import Any, Protocol
@@ -71,13 +71,10 @@ class Dialect:
 @dataclass(frozen=True)
 class Contended:
     """A statement on a contended row, refused by a check constraint when a rule would break:
-    ``refusal()`` is then what the caller gets.
-
-    Where such statements are held back for the commit, they go in the order of their ``row``,
-    so that transactions that lock several such rows (a batch of several accounts' writes) lock
-    them in one order and never wait on each other in a circle. In a batch of several jobs,
-    statements with the same SQL on the same row are sent as one, their parameters joined by
-    ``merge`` (a batch refused whole is done again job by job, each with its own)."""
+    ``refusal()`` is then what the caller gets. Where such statements are held back for the
+    commit, they go in the order of their ``row``, so that transactions that lock several such
+    rows (a batch of several accounts' writes) lock them in one order and never wait on each
+    other in a circle."""
 
     sql: str
     params: tuple[Any, ...]
@@ -85,33 +82,12 @@ class Contended:
     refusal: Callable[[], Exception]
     #: The row it locks: its table, then its key.
     row: tuple[str, ...] = ()
-    #: The parameters of this statement and another on the same row, as one statement's;
-    #: None: never sent as one.
-    merge: Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]] | None = None
 
 
-def added_amounts(first: tuple[Any, ...], second: tuple[Any, ...]) -> tuple[Any, ...]:
-    """:attr:`Contended.merge` for a statement whose first parameter is an amount to add."""
-    return (first[0] + second[0], *first[1:])
-
-
-def in_row_order(held_back: Sequence[Contended], merged: bool) -> list[Contended]:
+def in_row_order(held_back: Sequence[Contended]) -> list[Contended]:
     """The held-back statements in the order of their rows (of one row, in the order they were
-    made); with ``merged``, those with the same SQL on the same row as one (see
-    :class:`Contended`)."""
-    ordered: list[Contended] = []
-    for statement in sorted(held_back, key=lambda each: each.row):
-        last = ordered[-1] if ordered else None
-        if (
-            merged
-            and last is not None
-            and statement.merge is not None
-            and (last.row, last.sql) == (statement.row, statement.sql)
-        ):
-            ordered[-1] = replace(last, params=statement.merge(last.params, statement.params))
-        else:
-            ordered.append(statement)
-    return ordered
+    made)."""
+    return sorted(held_back, key=lambda statement: statement.row)
 
 
 def migration_scripts(backend: str) -> list[Traversable]:

@@ -42,9 +42,6 @@ class SqlVerbs(
         self.dialect = dialect
         #: Contended statements held back for the commit (see :class:`Dialect`).
         self.held_back: list[Contended] = []
-        #: Held-back statements on the same row go as one (a batch of several jobs: see
-        #: :class:`Contended`).
-        self.merges_held_back = False
         self.held_counts = {}
         #: What a rule checked by :meth:`refuse_unless` refuses with, by the rule's name.
         self.refusals: dict[str, Callable[[], Exception]] = {}

@@ -693,9 +693,8 @@ class PostgresStore:
 
 def _each_job(jobs: Sequence[Job[Any]], verbs: SqlVerbs) -> list[Any]:
     """Every job's work, in order, on one transaction's verbs: their statements queue one after
-    the other, and what each holds back for the COMMIT goes with it (an account's credit, its
-    bucket, the day's counts added up)."""
-    verbs.merges_held_back = True
+    the other, and what each holds back goes with the COMMIT, in the order of their rows (an
+    account's credit, its bucket; the day's counts added up)."""
     return [job.work(verbs) for job in jobs]
 
 
@@ -713,7 +712,7 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
         with connection.pipeline():
             opened.send_waiting()
             cursor = connection.cursor()
-            for statement in in_row_order(held_back, verbs.merges_held_back):
+            for statement in in_row_order(held_back):
                 cursor.execute(_placeholders(statement.sql), statement.params, prepare=True)
             for sql, params in counts:
                 cursor.execute(_placeholders(sql), params, prepare=True)
