@@ -372,6 +372,9 @@ class QueueVerbs(HistoryVerbs):
                 limit,
             ),
         ).fetchall()
+        # In the order they were accepted: an UPDATE returns its rows in whatever order its
+        # plan found them (on PostgreSQL, its index's or the table's).
+        rows.sort(key=lambda row: row[0])  # (seq, the first of CLAIMED_COLUMNS)
         return self.with_recipients(rows)
 
     def email_body(self, seq: int) -> tuple[str | None, str | None]:
