@@ -101,8 +101,10 @@ def drained_to_its_least(app, sink, done: Counter[str], ids: list[str]) -> None:
     time.sleep(5 * LOOK)
     # (a run still in hand on a slow machine: its last email tried, not yet at the sink)
     wait_until(
-        lambda: not count_by_status(app.store).get("sending")
-        and sum(done.values()) == len(sink.messages),
+        lambda: (
+            not count_by_status(app.store).get("sending")
+            and sum(done.values()) == len(sink.messages)
+        ),
         10,
         "the helper's runs in hand",
     )
