@@ -15,7 +15,7 @@ import pytest
 from werkzeug.test import Client
 
 from mailsvc import operator
-from mailsvc.store import CreditExhausted, Store
+from mailsvc.store import CreditExhausted, ServerLimits, Store, StoreOutage, open_store
 
 from .conftest import email_body, make_tenant, wait_until
 
@@ -198,3 +198,46 @@ def test_batches_lock_accounts_rows_in_one_order(open_test_store, database):
     assert took < 0.9, f"{took:.2f} s: a deadlock, found and undone"
     assert one.reads.get_account(first).credits == 8
     assert one.reads.get_account(second).credits == 8
+
+
+def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
+    """A batch that waits on one account's row beyond ``lock_timeout`` is done again job by job,
+    each on its caller's thread: the other account's jobs commit, and only the job that needs
+    the locked row is answered busy (503), once it has waited for the row alone."""
+    store = open_store(database, server=ServerLimits(lock_timeout_seconds=0.3))
+    try:
+        locked = operator.create_account(store, "Locked", 10)["id"]
+        free = operator.create_account(store, "Free", 10)["id"]
+        finished: dict[int, float] = {}
+        outcomes: list[object] = [None] * 3
+        jobs = [_spend(locked), _spend(free), _spend(free)]
+
+        def write(index: int) -> None:
+            try:
+                outcomes[index] = store.write(jobs[index])
+            except Exception as exc:
+                outcomes[index] = exc
+            finished[index] = time.monotonic()
+
+        with psycopg.connect(database) as blocker:
+            blocker.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (locked,))
+            with HeldWriter(store) as held:
+                threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
+                for count, thread in enumerate(threads, start=1):
+                    thread.start()
+                    wait_until(lambda count=count: store._writer.queued() == count, 5)
+                held.release()
+                for thread in threads:
+                    thread.join(10)
+            blocker.rollback()
+        assert outcomes[1] is None and outcomes[2] is None, outcomes
+        assert isinstance(outcomes[0], StoreOutage) and outcomes[0].status == 503
+        assert "busy" in str(outcomes[0])
+        # The free account's jobs were not held for the locked one's second wait.
+        assert max(finished[1], finished[2]) < finished[0] - 0.15
+        assert store.reads.get_account(free).credits == 8
+        assert store.reads.get_account(locked).credits == 10
+        store.write(_spend(locked))  # the row let go: the account spends again
+        assert store.reads.get_account(locked).credits == 9
+    finally:
+        store.shutdown()

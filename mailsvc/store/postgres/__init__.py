@@ -96,6 +96,23 @@ _BEGIN = ("BEGIN", "SET LOCAL enable_seqscan = off")
 #: job of the batch gets it, as it would alone.
 _SERVER_ERRORS = (psycopg.OperationalError, PoolTimeout, StoreUnavailable, _InDoubt)
 
+#: What a batch may meet because of one of its jobs' rows, not the server: a row that another
+#: transaction held longer than ``lock_timeout`` (or a statement that waited on one until
+#: ``statement_timeout``), a deadlock or a serialization failure still there after the retries.
+#: Each job of the batch is then done again alone, on its caller's thread, so that only the jobs
+#: that need that row are answered busy, and the writer is not held while they wait again.
+_CONTENTION = (
+    errors.LockNotAvailable,
+    errors.QueryCanceled,
+    errors.DeadlockDetected,
+    errors.SerializationFailure,
+)
+
+
+class _AgainAlone(Exception):
+    """A job of a batch that met contention (:data:`_CONTENTION`): its caller does it again in
+    a transaction of its own."""
+
 
 def _unique_violation(exc: BaseException) -> str | None:
     if isinstance(exc, errors.UniqueViolation):
@@ -425,7 +442,10 @@ class PostgresStore:
             if alone:
                 result = self._write(job, durable, [time.perf_counter()])
             else:
-                result = self._writer.run(job, durable)
+                try:
+                    result = self._writer.run(job, durable)
+                except _AgainAlone:
+                    result = self._write(job, durable, [time.perf_counter()])
         self.conditions.ended(*WRITE_FAILURES)
         return result
 
@@ -433,12 +453,17 @@ class PostgresStore:
         """The jobs in one transaction, their statements in one message with its COMMIT. A job
         that fails, or is refused, undoes the whole transaction: then each job is done again
         in a transaction of its own (a job does nothing but store work, so it may be done
-        again), and gets its own outcome. An outage is every job's."""
+        again), and gets its own outcome. Contention on a row (:data:`_CONTENTION`) has each
+        job done again alone by its caller. An outage is every job's."""
         if len(jobs) > 1:
             durable = any(job.durable for job in jobs)
             try:
                 queued_at = [job.queued_at for job in jobs]
                 results = self._write(partial(_each_job, jobs), durable, queued_at)
+            except _CONTENTION:
+                for job in jobs:
+                    job.error = _AgainAlone()
+                return
             except _SERVER_ERRORS as exc:
                 for job in jobs:
                     job.error = exc
