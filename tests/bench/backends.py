@@ -9,14 +9,14 @@ dropped), and runs wrk at peak on ``POST /v1/emails`` (the bench's email, one re
 accepts a second (H2, H2pg) and, once the sink has every email accepted, end to end from wrk's
 start to the last receipt (E2E, E2Epg). For each backend it also reads the CPU time that the
 workers (user and system, from /proc) and the PostgreSQL server's processes spent, an email
-accepted and delivered. With ``--hosts``, each round also serves one PostgreSQL database from
-one host with two workers, then from two hosts (gunicorn masters) with one worker each, and
-compares their accepts a second. With ``--due N``, it also times the delivery threads' claim
-of 8 emails (median of 200, each undone) on stores of each backend with N emails due and with
-10 (filled once a run). The report gives each round and the medians of the ratios. The full
-bench (``tests.bench.bench``) has the same two cases among many; this one gives them alone,
-for the rounds a PostgreSQL change needs. Not a test: run it by hand; numbers are for this
-machine.
+accepted and delivered. With ``--hosts``, each round also serves PostgreSQL from one host with
+two workers and from two hosts (gunicorn masters) with one worker each, each on a new database
+and in turns from round to round, and compares their accepts a second. With ``--due N``, it
+also times the delivery threads' claim of 8 emails (median of 200, each undone) on stores of
+each backend with N emails due and with 10 (filled once a run). The report gives each round and
+the medians of the ratios. The full bench (``tests.bench.bench``) has the same two cases among
+many; this one gives them alone, for the rounds a PostgreSQL change needs. Not a test: run it
+by hand; numbers are for this machine.
 """
 
 from __future__ import annotations
@@ -73,18 +73,22 @@ def measure(database: str, sink: Sink, args, folder: Path) -> dict[str, float]:
     }
 
 
-def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str, float]:
-    """Accepts a second on one PostgreSQL database: one host with two workers, then two hosts
-    with one worker each; each by two wrk runs at once (both at the one host, or one at each
-    host), so that the load generator costs the same in both. Each of the two hosts has a core
-    of its own, as two machines would (started with that core its only one, so that it pins its
-    worker there and its delivery runs there): two hosts pinned by the same rule to the same
-    first core would be one machine's two workers on one core."""
-    _, key = prepare(url)
-    env = {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
-    headers, body = {"Authorization": f"Bearer {key}"}, json.dumps(email(1))
+def hosts_against_workers(
+    sink: Sink, args, folder: Path, two_first: bool = False
+) -> dict[str, float]:
+    """Accepts a second on PostgreSQL: one host with two workers, and two hosts with one worker
+    each; each by two wrk runs at once (both at the one host, or one at each host), so that the
+    load generator costs the same in both. Each case has a new database of its own, so that
+    neither delivers what the other left queued, and the rounds take them in turns (``two_first``).
+    Each of the two hosts has a core of its own, as two machines would (started with that core
+    its only one, so that it pins its worker there and its delivery runs there): two hosts
+    pinned by the same rule to the same first core would be one machine's two workers on one
+    core."""
+    for n in range(2):
+        (folder / f"wrk{n}").mkdir(exist_ok=True)
 
-    def rate(ports: list[int]) -> float:
+    def rate(ports: list[int], key: str) -> float:
+        headers, body = {"Authorization": f"Bearer {key}"}, json.dumps(email(1))
         with ThreadPoolExecutor(len(ports)) as pool:
             runs = [
                 pool.submit(wrk, port, body, headers, args.seconds, folder / f"wrk{n}")
@@ -92,27 +96,38 @@ def hosts_against_workers(url: str, sink: Sink, args, folder: Path) -> dict[str,
             ]
             return sum(run.result() for run in runs)
 
-    for n in range(2):
-        (folder / f"wrk{n}").mkdir(exist_ok=True)
-    one = serve(env, 2)
-    try:
-        one_host = rate([one.port, one.port])
-    finally:
-        one.stop()
-    everything = os.sched_getaffinity(0)
-    two = []
-    for core in sorted(everything)[:2]:
-        os.sched_setaffinity(0, {core})  # (what a child starts with)
-        try:
-            two.append(serve(env, 1))
-        finally:
-            os.sched_setaffinity(0, everything)
-    try:
-        two_hosts = rate([host.port for host in two])
-    finally:
-        for host in two:
-            host.stop()
-    return {"1 host x 2": one_host, "2 hosts x 1": two_hosts}
+    def env(url: str) -> dict[str, str]:
+        return {"MAILSVC_DATABASE": url, "MAILSVC_SMTP_URL": f"smtp://127.0.0.1:{sink.port}"}
+
+    def one_host() -> float:
+        with postgres_database(args.postgres_url, "mailsvc_one_host") as (_, url):
+            _, key = prepare(url)
+            one = serve(env(url), 2)
+            try:
+                return rate([one.port, one.port], key)
+            finally:
+                one.stop()
+
+    def two_hosts() -> float:
+        with postgres_database(args.postgres_url, "mailsvc_two_hosts") as (_, url):
+            _, key = prepare(url)
+            everything = os.sched_getaffinity(0)
+            two = []
+            try:
+                for core in sorted(everything)[:2]:
+                    os.sched_setaffinity(0, {core})  # (what a child starts with)
+                    try:
+                        two.append(serve(env(url), 1))
+                    finally:
+                        os.sched_setaffinity(0, everything)
+                return rate([host.port for host in two], key)
+            finally:
+                for host in two:
+                    host.stop()
+
+    cases = [("1 host x 2", one_host), ("2 hosts x 1", two_hosts)]
+    figures = {name: measured() for name, measured in (cases[::-1] if two_first else cases)}
+    return {name: figures[name] for name, _ in cases}
 
 
 @contextlib.contextmanager
@@ -138,7 +153,7 @@ def due_queues(args, folder: Path) -> Iterator[dict[str, tuple[str, str]]]:
 
 
 def one_round(
-    args, queues: dict[str, tuple[str, str]] | None = None
+    args, queues: dict[str, tuple[str, str]] | None = None, number: int = 0
 ) -> dict[str, dict[str, float]]:
     folder = Path(tempfile.mkdtemp(prefix="mailsvc-backends-"))
     sink = Sink(folder)
@@ -148,8 +163,7 @@ def one_round(
         with postgres_database(args.postgres_url, "mailsvc_backends") as (_, url):
             figures["postgresql"] = measure(url, sink, args, folder)
         if args.hosts:
-            with postgres_database(args.postgres_url, "mailsvc_hosts") as (_, url):
-                figures["hosts"] = hosts_against_workers(url, sink, args, folder)
+            figures["hosts"] = hosts_against_workers(sink, args, folder, number % 2 == 1)
         for backend, (large, small) in (queues or {}).items():
             figures[f"claim {backend}"] = {
                 f"{args.due} due ms": scale.claim_cost(large) * 1000,
@@ -190,7 +204,7 @@ def main() -> None:
         with contextlib.ExitStack() as stack:
             queues = stack.enter_context(due_queues(args, shared)) if args.due else None
             for number in range(args.rounds):
-                figures = one_round(args, queues)
+                figures = one_round(args, queues, number)
                 rounds.append(figures)
                 print(f"round {number + 1}", flush=True)
                 for backend, values in figures.items():
