@@ -241,3 +241,49 @@ def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
         assert store.reads.get_account(locked).credits == 9
     finally:
         store.shutdown()
+
+
+def test_a_write_waiting_for_a_locked_row_holds_the_others_up_briefly(open_test_store, database):
+    """A write of the writer's (run at once on its caller's thread here) that waits for a row
+    another transaction holds gives way after ``WRITER_LOCK_WAIT_SECONDS``: another account's
+    write, queued behind it, commits then, and the first is done again alone, beside the
+    writer, for as long as ``lock_timeout`` (2 s): it commits once the row is let go."""
+    store = open_test_store()
+    locked = operator.create_account(store, "Locked", 10)["id"]
+    free = operator.create_account(store, "Free", 10)["id"]
+    outcomes: dict[str, object] = {}
+
+    def spend(account: str) -> None:
+        try:
+            outcomes[account] = store.write(_spend(account))
+        except Exception as exc:
+            outcomes[account] = exc
+
+    with (
+        psycopg.connect(database) as blocker,
+        psycopg.connect(database, autocommit=True) as watcher,
+    ):
+        blocker.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (locked,))
+        waiting = threading.Thread(target=spend, args=(locked,))
+        waiting.start()
+        wait_until(
+            lambda: (
+                watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                ).fetchone()[0]
+                == 1
+            ),
+            5,
+            "the first write to wait for the row",
+        )
+        started = time.monotonic()
+        spend(free)  # queued behind the write under way
+        took = time.monotonic() - started
+        assert outcomes[free] is None and took < 1.0, f"{took:.2f} s"
+        assert waiting.is_alive()  # (waiting again, alone)
+        blocker.rollback()
+        waiting.join(10)
+    assert outcomes[locked] is None
+    assert store.reads.get_account(locked).credits == 9
+    assert store.reads.get_account(free).credits == 9

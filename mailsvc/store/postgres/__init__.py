@@ -110,8 +110,16 @@ _CONTENTION = (
 
 
 class _AgainAlone(Exception):
-    """A job of a batch that met contention (:data:`_CONTENTION`): its caller does it again in
-    a transaction of its own."""
+    """A job of the writer's that met contention (:data:`_CONTENTION`): its caller does it
+    again in a transaction of its own, beside the writer."""
+
+
+#: How long a transaction of the writer's (every write but those ``alone``) waits for a row
+#: another transaction holds, at most, before its jobs are done again alone by their callers
+#: (then for as long as ``lock_timeout``): the process's other writes, whatever their account,
+#: wait behind that transaction, and a row is normally held only while another transaction
+#: commits. The server's ``lock_timeout`` when it is shorter.
+WRITER_LOCK_WAIT_SECONDS = 0.25
 
 
 def _unique_violation(exc: BaseException) -> str | None:
@@ -253,6 +261,9 @@ class PostgresStore:
         check_url(url, setting)
         self.url = url
         self.server = server
+        #: What opens a transaction of the writer's: its waits for rows bounded shorter.
+        lock_wait_ms = round(min(WRITER_LOCK_WAIT_SECONDS, server.lock_timeout_seconds) * 1000)
+        self._writer_begin = (*_BEGIN, f"SET LOCAL lock_timeout = {lock_wait_ms}")
         self.setting = setting
         self.reads: Reads = each_read_by(self.read_once)
         #: When the server was last found unreachable in this process; None while it answers.
@@ -453,13 +464,16 @@ class PostgresStore:
         """The jobs in one transaction, their statements in one message with its COMMIT. A job
         that fails, or is refused, undoes the whole transaction: then each job is done again
         in a transaction of its own (a job does nothing but store work, so it may be done
-        again), and gets its own outcome. Contention on a row (:data:`_CONTENTION`) has each
-        job done again alone by its caller. An outage is every job's."""
+        again), and gets its own outcome. Contention on a row (:data:`_CONTENTION`, waited for
+        :data:`WRITER_LOCK_WAIT_SECONDS` at most) has each job done again alone by its caller.
+        An outage is every job's."""
         if len(jobs) > 1:
             durable = any(job.durable for job in jobs)
             try:
                 queued_at = [job.queued_at for job in jobs]
-                results = self._write(partial(_each_job, jobs), durable, queued_at)
+                results = self._write(
+                    partial(_each_job, jobs), durable, queued_at, self._writer_begin
+                )
             except _CONTENTION:
                 for job in jobs:
                     job.error = _AgainAlone()
@@ -476,15 +490,21 @@ class PostgresStore:
                 return
         for job in jobs:
             try:
-                job.result = self._write(job.work, job.durable, [job.queued_at])
+                job.result = self._write(job.work, job.durable, [job.queued_at], self._writer_begin)
+            except _CONTENTION:
+                job.error = _AgainAlone()
             except BaseException as exc:
                 job.error = exc
 
     def _write(
-        self, job: Callable[[Writes], Result], durable: bool, queued_at: Sequence[float]
+        self,
+        job: Callable[[Writes], Result],
+        durable: bool,
+        queued_at: Sequence[float],
+        opening: Sequence[str] = _BEGIN,
     ) -> Result:
         # A write that need not wait for the disk says so along with BEGIN.
-        begin = _BEGIN if durable else (*_BEGIN, "SET LOCAL synchronous_commit = off")
+        begin = opening if durable else (*opening, "SET LOCAL synchronous_commit = off")
 
         def run(connection: psycopg.Connection[Any]) -> Result:
             began = time.perf_counter()
