@@ -48,10 +48,14 @@ class HeldWriter:
 
 
 def _queued_behind(
-    store: Store, held: HeldWriter, jobs: list[Callable[[Any], Any]]
+    store: Store,
+    held: HeldWriter,
+    jobs: list[Callable[[Any], Any]],
+    finished: dict[int, float] | None = None,
 ) -> list[object]:
     """Each job written from a thread of its own while ``held``; once all wait, the held
-    transaction is let go: each job's result, or its exception."""
+    transaction is let go: each job's result, or its exception (and in ``finished``, when
+    each returned)."""
     outcomes: list[object] = [None] * len(jobs)
 
     def write(index: int) -> None:
@@ -59,6 +63,8 @@ def _queued_behind(
             outcomes[index] = store.write(jobs[index])
         except Exception as exc:
             outcomes[index] = exc
+        if finished is not None:
+            finished[index] = time.monotonic()
 
     threads = [threading.Thread(target=write, args=(index,)) for index in range(len(jobs))]
     for count, thread in enumerate(threads, start=1):
@@ -201,34 +207,20 @@ def test_batches_lock_accounts_rows_in_one_order(open_test_store, database):
 
 
 def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
-    """A batch that waits on one account's row beyond ``lock_timeout`` is done again job by job,
-    each on its caller's thread: the other account's jobs commit, and only the job that needs
-    the locked row is answered busy (503), once it has waited for the row alone."""
+    """A batch that waits on one account's row beyond the writer's wait is done again job by
+    job, each on its caller's thread: the other account's jobs commit, and only the job that
+    needs the locked row is answered busy (503), once it has waited for the row alone for as
+    long as ``lock_timeout``."""
     store = open_store(database, server=ServerLimits(lock_timeout_seconds=0.3))
     try:
         locked = operator.create_account(store, "Locked", 10)["id"]
         free = operator.create_account(store, "Free", 10)["id"]
         finished: dict[int, float] = {}
-        outcomes: list[object] = [None] * 3
         jobs = [_spend(locked), _spend(free), _spend(free)]
-
-        def write(index: int) -> None:
-            try:
-                outcomes[index] = store.write(jobs[index])
-            except Exception as exc:
-                outcomes[index] = exc
-            finished[index] = time.monotonic()
-
         with psycopg.connect(database) as blocker:
             blocker.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (locked,))
             with HeldWriter(store) as held:
-                threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
-                for count, thread in enumerate(threads, start=1):
-                    thread.start()
-                    wait_until(lambda count=count: store._writer.queued() == count, 5)
-                held.release()
-                for thread in threads:
-                    thread.join(10)
+                outcomes = _queued_behind(store, held, jobs, finished)
             blocker.rollback()
         assert outcomes[1] is None and outcomes[2] is None, outcomes
         assert isinstance(outcomes[0], StoreOutage) and outcomes[0].status == 503
