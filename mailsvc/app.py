@@ -105,6 +105,7 @@ class MailService:
         self.url_map: Map = URL_MAP
         self._openapi: bytes | None = None
         self.store.on_commit = metrics.observe_commit
+        self.store.on_row_wait = metrics.observe_row_wait
         #: What the public routes read of this process.
         self.process = Process(
             self.store,

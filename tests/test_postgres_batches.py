@@ -14,12 +14,14 @@ import psycopg
 import pytest
 from werkzeug.test import Client
 
-from mailsvc import operator
+from mailsvc import create_app, operator
 from mailsvc.store import CreditExhausted, ServerLimits, Store, StoreOutage, open_store
 
 from .conftest import email_body, make_tenant, wait_until
 
 pytestmark = pytest.mark.postgres_only
+
+METRICS_TOKEN = "metrics-token-for-tests"
 
 
 class HeldWriter:
@@ -217,6 +219,8 @@ def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
         free = operator.create_account(store, "Free", 10)["id"]
         finished: dict[int, float] = {}
         jobs = [_spend(locked), _spend(free), _spend(free)]
+        row_waits: list[int] = []
+        store.on_row_wait = row_waits.append
         with psycopg.connect(database) as blocker:
             blocker.execute("SELECT 1 FROM accounts WHERE id = %s FOR UPDATE", (locked,))
             with HeldWriter(store) as held:
@@ -227,6 +231,7 @@ def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
         assert "busy" in str(outcomes[0])
         # The free account's jobs were not held for the locked one's second wait.
         assert max(finished[1], finished[2]) < finished[0] - 0.15
+        assert row_waits == [3]  # (the metric's count: the batch's jobs, done again alone)
         assert store.reads.get_account(free).credits == 8
         assert store.reads.get_account(locked).credits == 10
         store.write(_spend(locked))  # the row let go: the account spends again
@@ -235,12 +240,16 @@ def test_a_row_locked_too_long_makes_busy_only_the_jobs_that_need_it(database):
         store.shutdown()
 
 
-def test_a_write_waiting_for_a_locked_row_holds_the_others_up_briefly(open_test_store, database):
+def test_a_write_waiting_for_a_locked_row_holds_the_others_up_briefly(config, database):
     """A write of the writer's (run at once on its caller's thread here) that waits for a row
     another transaction holds gives way after ``WRITER_LOCK_WAIT_SECONDS``: another account's
     write, queued behind it, commits then, and the first is done again alone, beside the
-    writer, for as long as ``lock_timeout`` (2 s): it commits once the row is let go."""
-    store = open_test_store()
+    writer, for as long as ``lock_timeout`` (2 s): it commits once the row is let go. The
+    metrics count it."""
+    config["metrics_token"] = METRICS_TOKEN
+    app = create_app(config)
+    store, client = app.store, Client(app)
+    row_waits_before = _row_waits(client)
     locked = operator.create_account(store, "Locked", 10)["id"]
     free = operator.create_account(store, "Free", 10)["id"]
     outcomes: dict[str, object] = {}
@@ -276,6 +285,20 @@ def test_a_write_waiting_for_a_locked_row_holds_the_others_up_briefly(open_test_
         assert waiting.is_alive()  # (waiting again, alone)
         blocker.rollback()
         waiting.join(10)
-    assert outcomes[locked] is None
-    assert store.reads.get_account(locked).credits == 9
-    assert store.reads.get_account(free).credits == 9
+    try:
+        assert outcomes[locked] is None
+        assert store.reads.get_account(locked).credits == 9
+        assert store.reads.get_account(free).credits == 9
+        assert _row_waits(client) - row_waits_before == 1
+    finally:
+        app.stop(timeout=5)
+
+
+def _row_waits(client: Client) -> float:
+    """``mailsvc_store_row_waits_total``, as ``GET /metrics`` says."""
+    scraped = client.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert scraped.status_code == 200
+    for line in scraped.get_data(as_text=True).splitlines():
+        if line.startswith("mailsvc_store_row_waits_total "):
+            return float(line.split()[1])
+    return 0.0

@@ -148,6 +148,18 @@ WRITE_BATCH = Histogram(
 )
 
 
+ROW_WAITS = Counter(
+    "mailsvc_store_row_waits",
+    "Writes done again alone because their shared write transaction waited too long for a row "
+    "another transaction held (PostgreSQL)",
+)
+
+
+def observe_row_wait(jobs: int) -> None:
+    """Jobs of a write transaction done again alone: it waited too long for a row."""
+    ROW_WAITS.inc(jobs)
+
+
 def observe_commit(waits: Sequence[float], held: float) -> None:
     """A write transaction committed: how long each of its jobs waited for it, and how long it
     held what other writes wait for."""

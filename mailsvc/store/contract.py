@@ -738,6 +738,10 @@ class Store(Protocol):
     #: start until its COMMIT is answered). For the metrics, which the store does not import:
     #: the app sets it.
     on_commit: Callable[[Sequence[float], float], None]
+    #: Called with how many jobs of a transaction of the process's writer were done again
+    #: alone, beside it, because it waited too long for a row another transaction held
+    #: (PostgreSQL; SQLite locks no rows, and never calls it). For the metrics: the app sets it.
+    on_row_wait: Callable[[int], None]
 
     def read(self) -> AbstractContextManager[Reads]:
         """A read transaction: one consistent snapshot of committed data.

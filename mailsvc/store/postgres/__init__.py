@@ -274,6 +274,7 @@ class PostgresStore:
         #: Called with how long each job of a committed transaction waited, and how long it
         #: held its pooled connection (the metrics).
         self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
+        self.on_row_wait: Callable[[int], None] = lambda jobs: None
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Any] | None = None
         self._pid: int | None = None
@@ -475,6 +476,7 @@ class PostgresStore:
                     partial(_each_job, jobs), durable, queued_at, self._writer_begin
                 )
             except _CONTENTION:
+                self.on_row_wait(len(jobs))
                 for job in jobs:
                     job.error = _AgainAlone()
                 return
@@ -492,6 +494,7 @@ class PostgresStore:
             try:
                 job.result = self._write(job.work, job.durable, [job.queued_at], self._writer_begin)
             except _CONTENTION:
+                self.on_row_wait(1)
                 job.error = _AgainAlone()
             except BaseException as exc:
                 job.error = exc

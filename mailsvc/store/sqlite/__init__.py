@@ -119,6 +119,7 @@ class SqliteStore:
         #: Called with how long each job of a committed transaction waited, and how long it
         #: held the write lock (the metrics).
         self.on_commit: Callable[[Sequence[float], float], None] = lambda waits, held: None
+        self.on_row_wait: Callable[[int], None] = lambda jobs: None  # (never: no row locks)
         self._writer = Writer(self._commit_batch, self._close_writing)
         self._announcements = Announcements(Path(f"{self.path}-wake"))
 
