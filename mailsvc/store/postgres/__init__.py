@@ -96,11 +96,12 @@ _BEGIN = ("BEGIN", "SET LOCAL enable_seqscan = off")
 #: job of the batch gets it, as it would alone.
 _SERVER_ERRORS = (psycopg.OperationalError, PoolTimeout, StoreUnavailable, _InDoubt)
 
-#: What a batch may meet because of one of its jobs' rows, not the server: a row that another
-#: transaction held longer than ``lock_timeout`` (or a statement that waited on one until
-#: ``statement_timeout``), a deadlock or a serialization failure still there after the retries.
-#: Each job of the batch is then done again alone, on its caller's thread, so that only the jobs
-#: that need that row are answered busy, and the writer is not held while they wait again.
+#: What a transaction of the writer's may meet because of one of its jobs' rows, not the
+#: server: a row another transaction held longer than the writer waits
+#: (:data:`WRITER_LOCK_WAIT_SECONDS`), a statement cancelled (``statement_timeout``), a deadlock
+#: or a serialization failure still there after the retries. Each of its jobs is then done again
+#: alone, on its caller's thread, for as long as ``lock_timeout``: only the jobs that need that
+#: row wait, and are answered busy if it is not let go; the writer goes on with the others.
 _CONTENTION = (
     errors.LockNotAvailable,
     errors.QueryCanceled,
