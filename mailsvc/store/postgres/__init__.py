@@ -319,12 +319,7 @@ class PostgresStore:
             yield
         except errors.DiskFull as exc:
             raise self.conditions.began(FULL, _first_line(exc)) from None
-        except (
-            errors.SerializationFailure,  # still, after every retry
-            errors.DeadlockDetected,
-            errors.QueryCanceled,
-            errors.LockNotAvailable,
-        ) as exc:
+        except _CONTENTION as exc:  # (a deadlock or a serialization failure: after every retry)
             raise self.conditions.began(BUSY, _first_line(exc)) from None
         except PoolTimeout as exc:  # every connection busy, or none can be made
             raise self.conditions.began(
@@ -452,13 +447,13 @@ class PostgresStore:
         self, job: Callable[[Writes], Result], durable: bool = True, alone: bool = False
     ) -> Result:
         with self._outages():
-            if alone:
-                result = self._write(job, durable, [time.perf_counter()])
-            else:
+            if not alone:
                 try:
                     result = self._writer.run(job, durable)
                 except _AgainAlone:
-                    result = self._write(job, durable, [time.perf_counter()])
+                    alone = True
+            if alone:
+                result = self._write(job, durable, [time.perf_counter()])
         self.conditions.ended(*WRITE_FAILURES)
         return result
 
