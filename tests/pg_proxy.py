@@ -7,6 +7,7 @@ became of that COMMIT)."""
 
 from __future__ import annotations
 
+import re
 import selectors
 import socket
 import threading
@@ -16,6 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 #: The server's ReadyForQuery message ('Z', its length, a status byte): it has answered all that
 #: came before the client's Sync.
 _READY_FOR_QUERY = b"Z\x00\x00\x00\x05"
+#: A Parse message ('P', its length) of a statement psycopg names to prepare it on the server.
+_PREPARE = re.compile(rb"P[\s\S]{4}_pg3_\d+\x00")
 
 
 class CountingProxy:
@@ -84,6 +87,12 @@ class CountingProxy:
     def reset(self) -> None:
         with self._lock:
             self.trips.clear()
+
+    def prepared(self) -> int:
+        """Statements prepared since the last :meth:`reset`: psycopg prepares one on a
+        connection at its fifth use there, a round trip of its own, once."""
+        with self._lock:
+            return sum(len(_PREPARE.findall(trip)) for trip in self.trips)
 
     def count(self, leave_out: bytes | None = None) -> int:
         with self._lock:

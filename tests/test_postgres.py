@@ -375,9 +375,13 @@ def test_an_accept_waits_on_postgresql_twice(postgres_database):
                 opened = proxy.opened
                 sent = client.post("/v1/emails", json=body, headers=tenant.headers)
                 assert sent.status_code == 200
-                if proxy.opened == opened:  # (a pool that grew meanwhile: its start-up counts)
+                # Set aside: a request during which the pool grew (a connection's start-up
+                # counts), or a connection prepared a statement (at its fifth use there: a
+                # connection the pool added while warming up, for the announcer, may reach it
+                # only now).
+                if proxy.opened == opened and not proxy.prepared():
                     counted.append(proxy.count(leave_out=b"NOTIFY"))
-            assert len(counted) == 3, "the pool grew at every request"
+            assert len(counted) == 3, "a connection was made or a statement prepared every time"
             return counted
 
         counted = trips(email_body())
