@@ -186,8 +186,7 @@ def test_only_what_the_outage_deferred_is_due_again_when_the_relay_is_back(confi
 
 
 def test_slow_relay_does_not_slow_the_api(config, clock, sink):
-    reply = 1.0
-    sink.behaviour.delay_seconds = reply  # seconds per reply
+    sink.behaviour.delay_seconds = 1.0  # seconds per reply
     config.update(smtp_url=sink.url, delivery_threads=4)
     app = create_app(config, clock=clock)
     tenant, client = make_tenant(app), Client(app)
@@ -195,10 +194,10 @@ def test_slow_relay_does_not_slow_the_api(config, clock, sink):
     try:
         wait_until(lambda: app.delivery.claims >= 1, 30, "delivery's first look")
         latencies = timed_posts(client, tenant, 30)
-        # An accept takes milliseconds; one that waited on the relay would take a reply at
-        # least. Held to half a reply: a loaded machine's scheduling is not a wait on the
-        # relay (the slowest of 30 took 0.27 s once in CI, beside a median of 10 ms).
-        assert max(latencies) < reply / 2, max(latencies)
+        # An accept takes milliseconds; one that waited on the relay would take a reply (1 s)
+        # at least. (The slowest of 30 once took 0.27 s in CI: the test harness's first check
+        # of an answer importing jsonschema, now imported before the test.)
+        assert max(latencies) < 0.25, max(latencies)
         assert statistics.median(latencies) < 0.05, statistics.median(latencies)
         assert count_by_status(app.store).get("sent", 0) == 0  # the relay really is slow
     finally:
