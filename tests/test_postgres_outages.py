@@ -358,6 +358,58 @@ def silence_needs() -> str | None:
 
 @pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
                     reason=str(silence_needs()))  # fmt: skip
+def test_writes_behind_one_that_found_the_server_silent_do_not_wait_for_it_again(cluster):
+    # The first write to find the server silent waits for the network timeout; what the process
+    # learns then is every thread's at once. Before, a write queued behind it was tried in the
+    # writer's next transaction before any caller had said the server was out: it waited for
+    # a connection of the pool (its wait), then for a connect that timed out (the check that
+    # tells an outage from a busy pool), each as long again: a 503 after 6.1 s in CI, where a
+    # request may take the network timeout and a couple of seconds.
+    network_timeout = 2.0
+    store = PostgresStore(cluster.create_database("silent_writes"),
+                          ServerLimits(network_timeout_seconds=network_timeout))  # fmt: skip
+    account = operator.create_account(store, "Silenced", 100)
+    try:
+        for _ in range(3):  # connections made and idle in the pool, as under load
+            store.write(lambda tx: tx.spend_credits(account["id"], 1))
+        outcomes: dict[int, tuple[float, BaseException | None]] = {}
+
+        def spend(number: int) -> None:
+            started = time.monotonic()
+            try:
+                store.write(lambda tx: tx.spend_credits(account["id"], 1))
+                error = None
+            except BaseException as exc:  # (asserted below, in the test's thread)
+                error = exc
+            outcomes[number] = (time.monotonic() - started, error)
+
+        with cluster.silenced():
+            first = threading.Thread(target=spend, args=(0,))
+            first.start()
+            time.sleep(0.3)  # under way: the others queue behind its transaction
+            others = [threading.Thread(target=spend, args=(n,)) for n in range(1, 4)]
+            for thread in others:
+                thread.start()
+            for thread in [first, *others]:
+                thread.join()
+        assert all(isinstance(error, StoreOutage) for _, error in outcomes.values()), outcomes
+        slowest = max(took for took, _ in outcomes.values())
+        assert slowest < network_timeout + 1.0, outcomes
+        wait_until(lambda: _spent(store, account["id"]), timeout=10, what="the server back")
+    finally:
+        store.shutdown()
+
+
+def _spent(store: PostgresStore, account_id: str) -> bool:
+    try:
+        store.write(lambda tx: tx.spend_credits(account_id, 1))
+    except StoreOutage:
+        return False
+    return True
+
+
+@pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
+                    reason=str(silence_needs()))  # fmt: skip
 def test_a_transaction_whose_client_vanished_mid_pipeline_lets_its_locks_go(cluster):
     # A partition that starts while a pipeline is on its way leaves the server a prefix of it:
     # a transaction whose next message never comes. Waiting in the middle of a pipeline is not

@@ -364,19 +364,19 @@ class PostgresStore:
             began = time.monotonic()
             try:
                 result = work(connection)
-            except psycopg.OperationalError:
+            except BaseException as exc:
                 pool.putconn(connection)  # a broken one is dropped, and replaced
-                if attempt == _ATTEMPTS - 1 or not connection.broken:
-                    raise
-                if time.monotonic() - began >= self.server.wait_seconds:
-                    # It broke by timing out (a server gone silent), not by being closed:
-                    # another connection, or a check of the idle ones, would wait as long.
+                if (
+                    # (timed out: another connection, or a check of the idle ones, would
+                    # wait as long)
+                    self._gone_silent(connection, began)
+                    or not isinstance(exc, psycopg.OperationalError)
+                    or not connection.broken
+                    or attempt == _ATTEMPTS - 1
+                ):
                     raise
                 pool.check()  # the other idle connections the server closed go too
                 continue
-            except BaseException:
-                pool.putconn(connection)
-                raise
             self._down_since = None
             return pool, connection, result
         raise AssertionError("unreachable")
@@ -384,7 +384,36 @@ class PostgresStore:
     def _check_reachable(self) -> None:
         """After no connection came in time: tell an outage (the server cannot be reached,
         raised) from a busy pool (returns)."""
-        psycopg.connect(self.url, **self._connect_options()).close()
+        self._probe()
+
+    def _probe(self) -> None:
+        """Connect to the server, and close. :raises psycopg.OperationalError: it cannot be
+        reached (then found so: :meth:`_found_unreachable`)."""
+        try:
+            psycopg.connect(self.url, **self._connect_options()).close()
+        except psycopg.OperationalError:
+            self._found_unreachable()
+            raise
+
+    def _gone_silent(self, connection: psycopg.Connection[Any], since: float) -> bool:
+        """Whether ``connection`` broke by timing out, used since ``since`` (monotonic), not by
+        being closed: the server gone silent, and so found unreachable."""
+        if connection.broken and time.monotonic() - since >= self.server.wait_seconds:
+            self._found_unreachable()
+            return True
+        return False
+
+    def _found_unreachable(self) -> None:
+        """The server did not answer in time (a connection of the pool timed out, or a
+        connect did): every thread of the process knows it at once, not only once its caller
+        has been told, so that no other piece of work waits as long again before its 503:
+        each goes through :meth:`_borrowable`, where the next try is
+        :data:`PROBE_EVERY_SECONDS` away (a write queued behind the writer's transaction that
+        found it had waited for a connection of the pool, then for a connect that timed out)."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        self._probed_at = now
 
     def _borrowable(self) -> ConnectionPool[Any]:
         """The pool, once the server is known to answer. While it was last found unreachable,
@@ -404,7 +433,7 @@ class PostgresStore:
             if time.monotonic() - self._probed_at < PROBE_EVERY_SECONDS:
                 raise StoreUnavailable("the server was unreachable; trying it again shortly")
             self._probed_at = time.monotonic()
-            psycopg.connect(self.url, **self._connect_options()).close()
+            self._probe()
             with self._lock:
                 stale, self._pool = self._pool, None
             if stale is not None and self._pid == os.getpid():
@@ -513,6 +542,7 @@ class PostgresStore:
             return result
 
         def carry_out(connection: psycopg.Connection[Any]) -> Result:
+            started = time.monotonic()
             opened = _Connection(connection, begin, tracked=True)
             verbs = SqlVerbs(opened, DIALECT)
             try:
@@ -531,6 +561,8 @@ class PostgresStore:
             except psycopg.OperationalError as exc:
                 if not connection.broken:
                     raise
+                if self._gone_silent(connection, started):  # it cannot be asked either
+                    raise _InDoubt(_first_line(exc)) from exc
                 outcome = self._outcome_of(opened.transaction_id)
                 if outcome == "committed":
                     return result
