@@ -361,10 +361,10 @@ def silence_needs() -> str | None:
 def test_writes_behind_one_that_found_the_server_silent_do_not_wait_for_it_again(cluster):
     # The first write to find the server silent waits for the network timeout; what the process
     # learns then is every thread's at once. Before, a write queued behind it was tried in the
-    # writer's next transaction before any caller had said the server was out: it waited for
-    # a connection of the pool (its wait), then for a connect that timed out (the check that
-    # tells an outage from a busy pool), each as long again: a 503 after 6.1 s in CI, where a
-    # request may take the network timeout and a couple of seconds.
+    # writer's next transaction before any caller had said the server was out, and waited on
+    # the silent server again (another idle connection's timeout; or the pool's wait, then a
+    # connect that timed out): 3.9 s here, and a 503 after 6.1 s once in CI, where a request
+    # may take the network timeout and a couple of seconds.
     network_timeout = 2.0
     store = PostgresStore(cluster.create_database("silent_writes"),
                           ServerLimits(network_timeout_seconds=network_timeout))  # fmt: skip
