@@ -359,7 +359,7 @@ class PostgresStore:
             try:
                 connection = pool.getconn(timeout=self.server.wait_seconds)
             except PoolTimeout:
-                self._check_reachable()
+                self._probe()  # an outage (raised) or a busy pool (the timeout, raised)
                 raise
             began = time.monotonic()
             try:
@@ -380,11 +380,6 @@ class PostgresStore:
             self._down_since = None
             return pool, connection, result
         raise AssertionError("unreachable")
-
-    def _check_reachable(self) -> None:
-        """After no connection came in time: tell an outage (the server cannot be reached,
-        raised) from a busy pool (returns)."""
-        self._probe()
 
     def _probe(self) -> None:
         """Connect to the server, and close. :raises psycopg.OperationalError: it cannot be
