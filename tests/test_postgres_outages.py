@@ -356,8 +356,22 @@ def silence_needs() -> str | None:
     return None
 
 
-@pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
-                    reason=str(silence_needs()))  # fmt: skip
+#: A test that silences the server's network (in CI, where it must run, never skipped).
+needs_silence = pytest.mark.skipif(
+    silence_needs() is not None and not os.environ.get("CI"), reason=str(silence_needs())
+)
+
+
+def silenceable_store(
+    cluster: Cluster, name: str, credits: int, network_timeout: float
+) -> tuple[PostgresStore, dict]:
+    """A store on a database of the cluster's own, with that network timeout, and an account."""
+    store = PostgresStore(cluster.create_database(name),
+                          ServerLimits(network_timeout_seconds=network_timeout))  # fmt: skip
+    return store, operator.create_account(store, name, credits)
+
+
+@needs_silence
 def test_writes_behind_one_that_found_the_server_silent_do_not_wait_for_it_again(cluster):
     # The first write to find the server silent waits for the network timeout; what the process
     # learns then is every thread's at once. Before, a write queued behind it was tried in the
@@ -366,9 +380,7 @@ def test_writes_behind_one_that_found_the_server_silent_do_not_wait_for_it_again
     # connect that timed out): 3.9 s here, and a 503 after 6.1 s once in CI, where a request
     # may take the network timeout and a couple of seconds.
     network_timeout = 2.0
-    store = PostgresStore(cluster.create_database("silent_writes"),
-                          ServerLimits(network_timeout_seconds=network_timeout))  # fmt: skip
-    account = operator.create_account(store, "Silenced", 100)
+    store, account = silenceable_store(cluster, "silent_writes", 100, network_timeout)
     try:
         for _ in range(3):  # connections made and idle in the pool, as under load
             store.write(lambda tx: tx.spend_credits(account["id"], 1))
@@ -408,8 +420,7 @@ def _spent(store: PostgresStore, account_id: str) -> bool:
     return True
 
 
-@pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
-                    reason=str(silence_needs()))  # fmt: skip
+@needs_silence
 def test_a_transaction_whose_client_vanished_mid_pipeline_lets_its_locks_go(cluster):
     # A partition that starts while a pipeline is on its way leaves the server a prefix of it:
     # a transaction whose next message never comes. Waiting in the middle of a pipeline is not
@@ -418,9 +429,7 @@ def test_a_transaction_whose_client_vanished_mid_pipeline_lets_its_locks_go(clus
     # held the row's lock for the system's two hours, and every write of that row was "busy"
     # (an account's credit: every send of the account refused).
     network_timeout = 2.0
-    store = PostgresStore(cluster.create_database("vanished"),
-                          ServerLimits(network_timeout_seconds=network_timeout))  # fmt: skip
-    account = operator.create_account(store, "Vanishing", 10)
+    store, account = silenceable_store(cluster, "vanished", 10, network_timeout)
     try:
         with store._connections().connection() as connection:
             pgconn = connection.pgconn
@@ -459,8 +468,7 @@ def test_a_transaction_whose_client_vanished_mid_pipeline_lets_its_locks_go(clus
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(silence_needs() is not None and not os.environ.get("CI"),
-                    reason=str(silence_needs()))  # fmt: skip
+@needs_silence
 @pytest.mark.parametrize("hosts", [1, 2], ids=["one host", "two hosts"])
 def test_a_server_gone_silent_is_a_503_within_the_network_timeout_then_recovers(
     cluster, sink, hosts
