@@ -408,6 +408,8 @@ def test_writes_behind_one_that_found_the_server_silent_do_not_wait_for_it_again
         slowest = max(took for took, _ in outcomes.values())
         assert slowest < network_timeout + 1.0, outcomes
         wait_until(lambda: _spent(store, account["id"]), timeout=10, what="the server back")
+        # the three before, and the one once the server was back: none of the four refused
+        assert store.reads.get_account(account["id"]).credits == 100 - 3 - 1
     finally:
         store.shutdown()
 
