@@ -401,10 +401,9 @@ class PostgresStore:
     def _found_unreachable(self) -> None:
         """The server did not answer in time (a connection of the pool timed out, or a
         connect did): every thread of the process knows it at once, not only once its caller
-        has been told, so that no other piece of work waits as long again before its 503:
-        each goes through :meth:`_borrowable`, where the next try is
-        :data:`PROBE_EVERY_SECONDS` away (a write queued behind the writer's transaction that
-        found it had waited for a connection of the pool, then for a connect that timed out)."""
+        has been told, so that no other work waits as long again before its 503 (a write
+        queued behind the writer's transaction): each goes through :meth:`_borrowable`, where
+        the next try is :data:`PROBE_EVERY_SECONDS` away."""
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
