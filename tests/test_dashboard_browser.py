@@ -163,6 +163,7 @@ def test_a_person_finds_an_email_opens_it_cancels_one_and_signs_out(browser, ser
     assert rows.count() == 3
     page.get_by_label("Recipient").fill("alice@example.org")
     page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**/dashboard/emails?*to=alice%40example.org*")  # (the list filtered, loaded)
     assert page.locator("tbody tr").count() == 1
     page.get_by_role("link", name="Your receipt").click()
     page.wait_for_url(f"**/dashboard/emails/{served['ids']['receipt']}")
