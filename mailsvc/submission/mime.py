@@ -23,16 +23,16 @@ import base64
 import mimetypes
 import re
 from dataclasses import dataclass
-from email import errors, policy
+from email import errors
 from email.header import decode_header, make_header
 from email.message import Message
-from email.parser import BytesParser
 from email.utils import getaddresses
 from typing import Any
 
 from ..errors import ValidationFailed
 from ..mail.addresses import Mailbox, parse_address
 from ..mail.headers import OWNED, OWNED_PREFIXES
+from . import structure
 
 #: MIME parts inside parts, at most.
 MAX_DEPTH = 10
@@ -66,10 +66,6 @@ _UNSOUND = (
     errors.InvalidBase64CharactersDefect,
     errors.InvalidBase64LengthDefect,
 )
-#: The parser's policy: Python's first (compat32), whose headers are plain strings read only
-#: when asked for. The modern one builds a parsed header object (and a class) at every look,
-#: which made reading a small message cost 2 ms; what it decoded is decoded here (:func:`_decoded`).
-_POLICY = policy.compat32
 #: Folding whitespace inside a header value (RFC 5322 section 2.2.3).
 _FOLD = re.compile(r"\r?\n(?=[ \t])")
 
@@ -100,7 +96,7 @@ def read_message(raw: bytes, recipients: list[str]) -> Submitted:
     if b"\x00" in head:
         raise BadMessage("a header contains a NUL byte")
     try:
-        message = BytesParser(policy=_POLICY).parsebytes(raw)
+        message = structure.parse(raw, MAX_DEPTH)
     except RecursionError:
         raise BadMessage(f"MIME parts are nested more than {MAX_DEPTH} deep") from None
     _check_structure(message)
