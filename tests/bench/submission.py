@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import shutil
 import smtplib
 import statistics
@@ -56,7 +57,8 @@ WARM_UP = 50
 
 def messages(tag: str, count: int) -> list[bytes]:
     """``count`` copies of one receipt (about 2 KB of html, as the HTTP bench's, encoded as a
-    mail client would), each with a Message-ID of its own."""
+    mail client would), each with a Message-ID and a MIME boundary of its own, as a client
+    makes them."""
     mail = EmailMessage()
     mail["From"] = f"Bench <receipts@{DOMAIN}>"
     mail["To"] = "user0@example.org"
@@ -64,8 +66,14 @@ def messages(tag: str, count: int) -> list[bytes]:
     mail["Message-ID"] = "<MESSAGE-ID>"
     mail.set_content("Your receipt.")
     mail.add_alternative(HTML, subtype="html")
+    mail.set_boundary("BOUNDARY")
     raw = mail.as_bytes(policy=SMTP)
-    return [raw.replace(b"MESSAGE-ID", f"{tag}-{n}@{DOMAIN}".encode()) for n in range(count)]
+    return [
+        raw.replace(b"MESSAGE-ID", f"{tag}-{n}@{DOMAIN}".encode()).replace(
+            b"BOUNDARY", f"=_{tag}.{n}.{random.getrandbits(64):016x}".encode()
+        )
+        for n in range(count)
+    ]
 
 
 def send_all(port: int, payload: list[bytes], connections: int, key: str | None) -> float:
