@@ -4,6 +4,7 @@ parser, whose defects then refuse it as before."""
 
 from __future__ import annotations
 
+import tracemalloc
 from email.message import EmailMessage
 from email.parser import Parser
 from email.policy import SMTP
@@ -81,7 +82,7 @@ def plain_text():
 def test_messages_as_clients_write_them_are_read_quickly_and_as_python_reads_them(made):
     raw = made().as_bytes(policy=SMTP)
     text = raw.decode("ascii", "surrogateescape")
-    quick = structure.read_plain(text, MAX_DEPTH)
+    quick = structure.read_plain(text, 0, len(text), MAX_DEPTH)
     assert quick is not None  # (the quick reading took it)
     assert tree(quick) == tree(pythons(text))
     assert tree(structure.parse(raw, MAX_DEPTH)) == tree(pythons(text))
@@ -97,7 +98,7 @@ def test_what_is_not_plain_is_left_to_python_and_refused_as_before():
          "invalid multipart content transfer encoding"),
     ]:  # fmt: skip
         text = head + body
-        assert structure.read_plain(text, MAX_DEPTH) is None
+        assert structure.read_plain(text, 0, len(text), MAX_DEPTH) is None
         with pytest.raises(BadMessage, match=refusal):
             read_message(text.encode(), ["b@example.org"])
 
@@ -180,7 +181,7 @@ def test_the_quick_reading_gives_pythons_tree_or_leaves_the_message_to_it(text):
     raw = text.encode("ascii", "surrogateescape")
     assert tree(structure.parse(raw, MAX_DEPTH)) == tree(expected)
     if "\r\n" in text and text.count("\r") == text.count("\n") == text.count("\r\n"):
-        quick = structure.read_plain(text, MAX_DEPTH)
+        quick = structure.read_plain(text, 0, len(text), MAX_DEPTH)
         if quick is not None:
             assert tree(quick) == tree(expected)
             assert not has_defects(expected)
@@ -196,10 +197,31 @@ def test_the_generated_messages_reach_the_quick_reading():
     def count(text):
         nonlocal answered, left
         if text.count("\r") == text.count("\n") == text.count("\r\n"):
-            if structure.read_plain(text, MAX_DEPTH) is None:
+            if structure.read_plain(text, 0, len(text), MAX_DEPTH) is None:
                 left += 1
             elif pythons(text).is_multipart():
                 answered += 1
 
     count()
     assert answered >= 40 and left >= 40, (answered, left)
+
+
+def test_a_part_nested_deep_is_copied_once_not_once_a_level():
+    """Each level's part is read in place: a large text nested nine deep costs the memory of
+    the message and its payload, not nine copies of it."""
+    inner = "Content-Type: text/plain\r\n\r\n" + "x" * 76 + "\r\n"
+    inner = inner[:-2] + ("\r\n" + "y" * 76) * 40_000  # about 3 MB
+    for depth in range(8, -1, -1):
+        inner = (f"Content-Type: multipart/mixed; boundary=b{depth}\r\n\r\n"
+                 f"--b{depth}\r\n{inner}\r\n--b{depth}--\r\n")  # fmt: skip
+    raw = ("From: a@shop.example\r\nTo: b@example.org\r\n" + inner).encode()
+    tracemalloc.start()
+    try:
+        message = structure.parse(raw, MAX_DEPTH)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    leaf = list(message.walk())[-1]
+    assert len(leaf.get_payload()) > 3_000_000  # (read quickly: Python's parser joins lines)
+    assert structure.read_plain(raw.decode(), 0, len(raw), MAX_DEPTH) is not None
+    assert peak < 2.5 * len(raw), (peak, len(raw))

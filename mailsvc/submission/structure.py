@@ -40,30 +40,32 @@ def parse(raw: bytes, max_depth: int) -> Message:
     text = raw.decode("ascii", "surrogateescape")
     crlf = text.count("\r\n")
     if text.count("\r") == crlf and text.count("\n") == crlf:  # every line ends in CRLF
-        quick = read_plain(text, max_depth)
+        quick = read_plain(text, 0, len(text), max_depth)
         if quick is not None:
             return quick
     return Parser(policy=POLICY).parsestr(text)
 
 
-def read_plain(text: str, depth_left: int) -> Message | None:
-    """``text`` (a message, or a part of one, its lines ending in CRLF) read by its lines'
-    places, or None when it is not plain (see the module)."""
-    if text.startswith("\r\n"):
-        message, body = Message(policy=POLICY), text[2:]
+def read_plain(text: str, start: int, end: int, depth_left: int) -> Message | None:
+    """``text[start:end]`` (a message, or a part of one, its lines ending in CRLF) read by its
+    lines' places, or None when it is not plain (see the module). Only the payloads,
+    preambles and epilogues are copied out of ``text``, each once: a part nested in others
+    is never copied with them."""
+    if text.startswith("\r\n", start, end):
+        message, body = Message(policy=POLICY), start + 2
     else:
-        end = text.find("\r\n\r\n")
-        if end < 0:
+        blank = text.find("\r\n\r\n", start, end)
+        if blank < 0:
             return None
-        found = _header_section(text[:end])
+        found = _header_section(text[start:blank])
         if found is None:
             return None
-        message, body = found, text[end + 4 :]
+        message, body = found, blank + 4
     maintype = message.get_content_maintype()
     if maintype == "message":
         return None
     if maintype != "multipart":
-        message.set_payload(body)
+        message.set_payload(text[body:end])
         return message
     if depth_left <= 1 or message.get_content_type() == "multipart/digest":
         return None
@@ -71,7 +73,7 @@ def read_plain(text: str, depth_left: int) -> Message | None:
     encoding = str(message.get("content-transfer-encoding", "8bit")).lower()
     if not boundary or encoding not in _MULTIPART_ENCODINGS:
         return None
-    return _multipart(message, body, boundary, depth_left)
+    return _multipart(message, text, body, end, boundary, depth_left)
 
 
 def _header_section(section: str) -> Message | None:
@@ -98,52 +100,63 @@ def _header_section(section: str) -> Message | None:
     return message
 
 
-def _multipart(message: Message, body: str, boundary: str, depth_left: int) -> Message | None:
-    """``message`` with its parts, cut from ``body`` at its boundary's lines."""
+def _multipart(
+    message: Message, text: str, body: int, end: int, boundary: str, depth_left: int
+) -> Message | None:
+    """``message`` with its parts, cut from its body (``text[body:end]``) at its boundary's
+    lines."""
     parts: list[Message | str] = []
     opened: tuple[int, int] | None = None
-    for start, end, closes in _boundary_lines(body, f"--{boundary}"):
+    for start, after, closes in _boundary_lines(text, f"--{boundary}", body, end):
         if opened is None:  # the first boundary
             if closes:
                 return None
-            if start:
-                message.preamble = body[: start - 2]  # (its CRLF is the boundary's)
-            opened = (start, end)
+            if start > body:
+                message.preamble = text[body : start - 2]  # (its CRLF is the boundary's)
+            opened = (start, after)
             continue
         if start - 2 < opened[1]:
             return None  # one boundary right after another
-        text = body[opened[1] : start - 2]
-        part = read_plain(text, depth_left - 1)
+        part = read_plain(text, opened[1], start - 2, depth_left - 1)
         if part is None:
             return None
-        if part.is_multipart() and part.epilogue == "" and not text.endswith("\r\n"):
-            part.epilogue = None  # (as Python's parser: nothing after its close boundary)
+        if part.is_multipart() and part.epilogue == "":
+            if not text.endswith("\r\n", opened[1], start - 2):
+                part.epilogue = None  # (as Python's parser: nothing after its close boundary)
         parts.append(part)
         if closes:  # the rest is the epilogue
             message.set_payload(parts)
-            message.epilogue = body[end:]
+            message.epilogue = text[after:end]
             return message
-        opened = (start, end)
+        opened = (start, after)
     return None  # no start boundary, or no close boundary
 
 
-def _boundary_lines(body: str, delimiter: str) -> Iterator[tuple[int, int, bool]]:
-    """Where each line of ``body`` that is a boundary line starts and ends (with its CRLF),
-    and whether it is the close boundary: the delimiter (``--`` and the boundary), ``--`` for
-    the close one, and nothing else but blanks (RFC 2046's transport padding). Found by
-    searching for the delimiter, not by a pattern made for each boundary: a new boundary a
-    message, as clients write them, would cost a new pattern's 50 us."""
-    at = 0 if body.startswith(delimiter) else _after_crlf(body, delimiter, 0)
+def _boundary_lines(
+    text: str, delimiter: str, start: int, end: int
+) -> Iterator[tuple[int, int, bool]]:
+    """Where each line of ``text[start:end]`` that is a boundary line starts and ends (with
+    its CRLF), and whether it is the close boundary: the delimiter (``--`` and the boundary),
+    ``--`` for the close one, and nothing else but blanks (RFC 2046's transport padding).
+    Found by searching for the delimiter, not by a pattern made for each boundary: a new
+    boundary a message, as clients write them, would cost a new pattern's 50 us."""
+    at = (
+        start
+        if text.startswith(delimiter, start, end)
+        else _after_crlf(text, delimiter, start, end)
+    )
     while at >= 0:
-        line_end = body.find("\r\n", at)
-        rest = body[at + len(delimiter) : len(body) if line_end < 0 else line_end]
+        line_end = text.find("\r\n", at, end)
+        stop = end if line_end < 0 else line_end
+        rest = text[at + len(delimiter) : stop]
         closes = rest.startswith("--")
         if not (rest[2:] if closes else rest).strip(" \t"):
-            yield at, len(body) if line_end < 0 else line_end + 2, closes
-        at = _after_crlf(body, delimiter, at)
+            yield at, end if line_end < 0 else line_end + 2, closes
+        at = _after_crlf(text, delimiter, at, end)
 
 
-def _after_crlf(body: str, delimiter: str, start: int) -> int:
-    """Where the next line after ``start`` that begins with ``delimiter`` begins, or -1."""
-    found = body.find("\r\n" + delimiter, start)
+def _after_crlf(text: str, delimiter: str, start: int, end: int) -> int:
+    """Where the next line after ``start`` (before ``end``) that begins with ``delimiter``
+    begins, or -1."""
+    found = text.find("\r\n" + delimiter, start, end)
     return found + 2 if found >= 0 else -1
