@@ -679,8 +679,9 @@ SETTINGS: tuple[Setting, ...] = (
         1.0,
         "How long after a MAIL FROM that read the store a session's next MAIL FROM may be "
         "answered from what it found (its rate-limit bucket and credit as the session left "
-        "them, its verified domain); the end of such a message's data reads the key and its "
-        "bucket again before anything is queued. 0: every MAIL FROM reads the store.",
+        "them, its verified domain); such a message is queued only if its key is found live, "
+        "and its token in the bucket, in the transaction that queues it. 0: every MAIL FROM "
+        "reads the store.",
         _look_seconds,
     ),
     Setting(

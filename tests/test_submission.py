@@ -611,25 +611,31 @@ def test_an_address_suppressed_within_a_look_is_left_out_at_sending(deployment):
         assert rcpts == [(250, "2.1.5 recipient ok")]
         left_out = queued_id(end)
     shown = wait_until(
-        lambda: (e := deployment.shown(tenant, left_out))["status"] != "queued" and e,
+        lambda: (
+            (e := deployment.shown(tenant, left_out))["status"] not in ("queued", "sending") and e
+        ),
         what="the message from the look sent",
     )
-    assert [r["status"] for r in shown["recipients"]] == ["suppressed"]
+    assert [r["status"] for r in shown["recipients"]] == ["suppressed"], shown
     assert deployment.credits(tenant) == 999  # (its credit given back)
 
 
 def test_a_key_revoked_during_a_session_queues_nothing_more(deployment):
-    """A MAIL soon after another is answered from the session's look; its DATA reads the key
-    again, and a key revoked since queues nothing. The next MAIL reads the store, and is 535."""
+    """A MAIL soon after another is answered from the session's look; its write finds the key
+    revoked since, and queues nothing, spends nothing. The next MAIL reads the store, and is
+    535."""
     tenant = deployment.tenant()
     with logged_in(deployment, tenant, looking(deployment)) as session:
         queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
         revoked = deployment.client.delete(f"/v1/api-keys/{tenant.key_id}", headers=tenant.headers)
         assert revoked.status_code == 200
+        bucket = deployment.store.reads.get_bucket(tenant.id, "send")
         mail, rcpts, end = submit(session, message(tenant), tenant.address, ["a@example.org"])
         assert mail[0] == 250 and rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
         assert end == (535, "5.7.8 the API key is unknown or revoked")
         assert session.mail(tenant.address) == (535, b"5.7.8 the API key is unknown or revoked")
+    assert deployment.store.reads.get_bucket(tenant.id, "send") == bucket  # (no token taken)
+    assert deployment.store.reads.get_account(tenant.id).credits == 999  # (nor credit spent)
     other_key = operator.create_key(deployment.store, tenant.id)["key"]
     listed = deployment.client.get(
         "/v1/emails", headers={"Authorization": f"Bearer {other_key}"}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InsufficientCredit
+from ..errors import InsufficientCredit, NotAuthenticated
 from ..http import idempotency
 from ..http.auth import Principal
 from ..http.endpoints import Endpoint
@@ -61,11 +61,16 @@ def carry_out(
     admission: Admission,
     arguments: Mapping[str, Any],
     claim: Claim | None,
+    key_read_before: bool = True,
 ) -> Written:
     """Carry out a write endpoint for ``caller``, whose input and permits were checked.
 
+    :param key_read_before: the caller's key was read live with this request. When not (an
+        SMTP message whose MAIL was answered from what the session read earlier), the write
+        finds it live in its own transaction first, and writes nothing for a revoked key.
     :raises ServiceError: the handler's or the change's refusal (nothing was written), or
-        :class:`~mailsvc.errors.RateLimited` when another request took the last token.
+        :class:`~mailsvc.errors.RateLimited` when another request took the last token, or
+        :class:`~mailsvc.errors.NotAuthenticated` when the key was found revoked.
     """
     if claim is not None:
         replay = idempotency.stored_answer(store.reads, claim)
@@ -79,6 +84,8 @@ def carry_out(
     limiter = deps.limiter
 
     def apply(tx: Writes) -> Replay | None:
+        if not key_read_before and not tx.is_api_key_live(caller.key_id):
+            raise NotAuthenticated("Authorization: unknown or revoked API key")
         earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
         if earlier is None and change.apply is not None:
             change.apply(tx)
