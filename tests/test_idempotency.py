@@ -94,6 +94,28 @@ def test_a_replay_is_only_for_a_key_that_may_do_what_was_done(client, tenant, ap
     assert again.headers["Idempotent-Replayed"] == "true" and again.get_json() == first.get_json()
 
 
+def test_a_retry_gets_its_answer_though_its_template_is_gone_since(client, tenant, app):
+    """A retry that the handler would now refuse (its template deleted since) gets its stored
+    answer all the same, and queues nothing."""
+    template = client.post(
+        "/v1/templates",
+        json={"name": "reset", "subject": "Reset", "text": "Your code: {{ code }}"},
+        headers=tenant.headers,
+    ).get_json()
+    body = email_body(template_id=template["id"], text=None, variables={"code": "7"})
+    headers = {**tenant.headers, "Idempotency-Key": "reset-1"}
+    first = client.post("/v1/emails", json=body, headers=headers)
+    assert first.status_code == 200
+    gone = client.delete(f"/v1/templates/{template['id']}", headers=tenant.headers)
+    assert gone.status_code == 200
+    refused = client.post("/v1/emails", json=body, headers={**headers, "Idempotency-Key": "r2"})
+    assert_error(refused, 400, f"templateId: template {template['id']} not found")
+    again = client.post("/v1/emails", json=body, headers=headers)
+    assert again.status_code == 200 and again.get_json() == first.get_json()
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert balance(app, tenant) == 999
+
+
 def test_keys_belong_to_an_account(client, tenant, app):
     other = make_tenant(app, domain="other.test")
     mine = send(client, tenant, "shared").get_json()["id"]

@@ -1,11 +1,11 @@
 """How a write is carried out, whichever door it came in by (the HTTP API, SMTP submission).
 
 The caller is known, admitted by its rate limit, and its input checked. What is left is the
-same for every door: a finished request with the same idempotency key gets its stored answer;
-else the handler prepares its change outside any lock, and the change is applied in one job of
-the store's writer together with the idempotency claim and the request's rate-limit token, so it
-commits whole or is refused and leaves nothing behind. Then delivery and webhook delivery are
-woken if the change gave them work.
+same for every door: the handler prepares its change outside any lock, and the change is
+applied in one job of the store's writer together with the idempotency claim and the request's
+rate-limit token, so it commits whole or is refused and leaves nothing behind; a finished
+request with the same idempotency key is found by that claim, and gets its stored answer. Then
+delivery and webhook delivery are woken if the change gave them work.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InsufficientCredit, NotAuthenticated
+from ..errors import InsufficientCredit, NotAuthenticated, ServiceError
 from ..http import idempotency
 from ..http.auth import Principal
 from ..http.endpoints import Endpoint
@@ -72,11 +72,16 @@ def carry_out(
         :class:`~mailsvc.errors.RateLimited` when another request took the last token, or
         :class:`~mailsvc.errors.NotAuthenticated` when the key was found revoked.
     """
-    if claim is not None:
-        replay = idempotency.stored_answer(store.reads, claim)
+    try:
+        change: Change = endpoint.handler(store.reads, caller, deps, **arguments)
+    except ServiceError:
+        # A retry that the handler now refuses (its sender's domain unverified since, say)
+        # still gets its stored answer. A retry it takes finds that answer in the write's
+        # claim (one read fewer a request with a key, for the rare retry's preparing again).
+        replay = idempotency.stored_answer(store.reads, claim) if claim else None
         if replay is not None:
             return Written(replay.status, replay.body, replayed=True)
-    change: Change = endpoint.handler(store.reads, caller, deps, **arguments)
+        raise
     body = json.dumps(change.answer)
     if claim is None and change.apply is None:  # nothing to write (a render)
         return Written(endpoint.status, body)
