@@ -703,6 +703,29 @@ def test_an_accounts_large_messages_draw_on_its_megabytes_a_minute(deployment):
     assert bucket is not None and abs(bucket[0] - (2 - len(wire(large)) / 2**20)) < 0.001
 
 
+def test_a_large_message_that_finds_the_bucket_empty_at_its_write_is_charged_its_size(deployment):
+    """Its MAIL answered from the look, the send bucket's last tokens taken over HTTP before its
+    data ends: the write refuses it (451, nothing queued, no token), and its large body is
+    charged all the same, as a large body refused over HTTP is: it was read."""
+    tenant = deployment.tenant()
+    operator.set_limit(deployment.store, tenant.id, "send", 3)
+    operator.set_limit(deployment.store, tenant.id, "large_body_mb", 5)
+    large = message(tenant, text="a line of the receipt\n" * 60_000)  # 1.3 MB: over 1 MiB
+    with logged_in(deployment, tenant, looking(deployment)) as session:
+        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+        for _ in range(2):  # the bucket's last two tokens go over HTTP
+            sent = deployment.client.post(
+                "/v1/emails", json=tenant.http_email(), headers=tenant.headers
+            )
+            assert sent.status_code == 200
+        mail, _, end = submit(session, large, tenant.address, ["a@example.org"])
+    assert mail[0] == 250 and end is not None and end[0] == 451, end
+    assert end[1].startswith("4.7.1 rate limit: 3 requests per minute"), end
+    assert len(deployment.emails(tenant)) == 3
+    _, bucket = deployment.store.reads.get_bucket(tenant.id, "large_body_mb")
+    assert bucket is not None and abs(bucket[0] - (5 - len(wire(large)) / 2**20)) < 0.001
+
+
 def test_a_message_is_charged_its_size_as_sent_not_as_declared(deployment):
     tenant = deployment.tenant()
     operator.set_limit(deployment.store, tenant.id, "large_body_mb", 2)

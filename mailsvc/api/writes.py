@@ -75,7 +75,7 @@ def carry_out(
     try:
         change: Change = endpoint.handler(store.reads, caller, deps, **arguments)
     except ServiceError:
-        # A retry that the handler now refuses (its sender's domain unverified since, say)
+        # A retry that the handler now refuses (its template deleted since, say)
         # still gets its stored answer. A retry it takes finds that answer in the write's
         # claim (one read fewer a request with a key, for the rare retry's preparing again).
         replay = idempotency.stored_answer(store.reads, claim) if claim else None

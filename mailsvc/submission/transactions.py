@@ -425,8 +425,11 @@ class MailTransactions:
                 claim,
                 key_read_before=not envelope.from_look,
             )
-        except (NotAuthenticated, RateLimited) as exc:  # (no token is taken)
+        except NotAuthenticated as exc:  # the key revoked since: nothing is taken
             admission.taken = True
+            return reply_for(exc), None
+        except RateLimited as exc:  # no token left: what else it cost is charged (a large body)
+            self._settle(admission, limited=True)
             return reply_for(exc), None
         except Exception as exc:
             self._settle(admission)
@@ -499,11 +502,12 @@ class MailTransactions:
         if envelope.admission is not None and not envelope.admission.taken:
             self.executor.submit(self._settle, envelope.admission)
 
-    def _settle(self, admission: Admission) -> None:
-        """Take the transaction's token, unless it was taken."""
+    def _settle(self, admission: Admission, limited: bool = False) -> None:
+        """Take the transaction's token, unless it was taken; one refused for its rate limit
+        (``limited``) takes none, but is charged its large body."""
         with contextlib.suppress(RateLimited):  # the last token went to another meanwhile
             try:
-                self.service.deps.limiter.take_alone(self.service.store, admission)
+                self.service.deps.limiter.settle(self.service.store, admission, limited)
             except Exception:
                 log.exception("a refused transaction's rate-limit token could not be taken")
         admission.taken = True
