@@ -15,13 +15,14 @@ P1dkim, P32dkim  the same with a private OpenDKIM signing each message as Postfi
      with mailsvc's key and selector: the same work as mailsvc's (skipped without opendkim)
 
 Each message has a Message-ID of its own (mailsvc takes the same Message-ID again as the same
-email). Each round runs every case once, in that order, with a fresh store and sink; mailsvc
-takes :data:`WARM_UP` messages first, untimed. For mailsvc it also reports the CPU time (user
-and system, from /proc) that all its processes spent a message during S1 and during S32 until
-the sink had the last one (``S1 CPU ms``, ``S32 CPU ms``): steadier than a rate on a machine
-whose speed varies, and what a change to the work a message costs shows first; and the same of
-Postfix (its master, the processes it runs and those it has let go) with OpenDKIM's for
-Pdkim. The report gives each round and the medians of the ratios. Not a test: run it by hand.
+email) and a MIME boundary of its own, as a client's have. Each round runs every case once, in
+that order, with a fresh store and sink; mailsvc takes :data:`WARM_UP` messages first, untimed.
+For mailsvc it also reports the CPU time (user and system, from /proc) that all its processes
+spent a message during S1 and during S32 until the sink had the last one (``S1 CPU ms``, ``S32
+CPU ms``): steadier than a rate on a machine whose speed varies, and what a change to the work
+a message costs shows first; and the same of Postfix (its master, the processes it runs and
+those it has let go) with OpenDKIM's for Pdkim. The report gives each round and the medians of
+the ratios. Not a test: run it by hand.
 """
 
 from __future__ import annotations
