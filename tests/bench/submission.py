@@ -18,9 +18,9 @@ Each message has a Message-ID of its own (mailsvc takes the same Message-ID agai
 email) and a MIME boundary of its own, as a client's have. Each round runs every case once, in
 that order, with a fresh store and sink; mailsvc takes :data:`WARM_UP` messages first, untimed.
 For mailsvc it also reports the CPU time (user and system, from /proc) that all its processes
-spent a message during S1 and during S32 until the sink had the last one (``S1 CPU ms``, ``S32
-CPU ms``): steadier than a rate on a machine whose speed varies, and what a change to the work
-a message costs shows first; and the same of Postfix (its master, the processes it runs and
+spent a message during S1 and during S32 until the sink had the last one (``S1 CPU ms``,
+``S32 CPU ms``): steadier than a rate on a machine whose speed varies, and what a change to the
+work a message costs shows first; and the same of Postfix (its master, the processes it runs and
 those it has let go) with OpenDKIM's for Pdkim. The report gives each round and the medians of
 the ratios. Not a test: run it by hand.
 """
