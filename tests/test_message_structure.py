@@ -21,7 +21,7 @@ def tree(message):
     """Everything of a parsed message that Python's parser sets, as plain data."""
     payload = message.get_payload()
     return (
-        message.raw_items() and list(message.raw_items()),
+        list(message.raw_items()),
         message.get_unixfrom(),
         message.get_default_type(),
         message.preamble,
@@ -32,8 +32,7 @@ def tree(message):
 
 
 def has_defects(message):
-    return bool(message.defects) or any(has_defects(part) for part in message.walk()
-                                        if part is not message)  # fmt: skip
+    return any(part.defects for part in message.walk())
 
 
 def pythons(text):
