@@ -477,18 +477,24 @@ def test_the_rate_limit_is_the_http_sends_own_bucket(deployment):
     assert over_http.status_code == 429
 
 
+def look_then_spend_the_last_tokens_over_http(deployment, tenant, session) -> None:
+    """A message queued on the session (its MAIL read the store: the session has its look),
+    then the last two tokens of the account's send bucket (a limit of 3) taken over HTTP."""
+    queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
+    for _ in range(2):
+        sent = deployment.client.post(
+            "/v1/emails", json=tenant.http_email(), headers=tenant.headers
+        )
+        assert sent.status_code == 200
+
+
 def test_tokens_taken_over_http_meanwhile_refuse_a_message_whose_mail_was_answered_from_the_look(
     deployment,
 ):
     tenant = deployment.tenant()
     operator.set_limit(deployment.store, tenant.id, "send", 3)
     with logged_in(deployment, tenant, looking(deployment)) as session:
-        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
-        for _ in range(2):  # the bucket's last two tokens go over HTTP
-            sent = deployment.client.post(
-                "/v1/emails", json=tenant.http_email(), headers=tenant.headers
-            )
-            assert sent.status_code == 200
+        look_then_spend_the_last_tokens_over_http(deployment, tenant, session)
         mail, rcpts, end = submit(session, message(tenant), tenant.address, ["a@example.org"])
         assert mail[0] == 250 and rcpts == [(250, "2.1.5 recipient ok")]  # (from the look)
         assert end is not None and end[0] == 451
@@ -712,12 +718,7 @@ def test_a_large_message_that_finds_the_bucket_empty_at_its_write_is_charged_its
     operator.set_limit(deployment.store, tenant.id, "large_body_mb", 5)
     large = message(tenant, text="a line of the receipt\n" * 60_000)  # 1.3 MB: over 1 MiB
     with logged_in(deployment, tenant, looking(deployment)) as session:
-        queued_id(submit(session, message(tenant), tenant.address, ["a@example.org"])[2])
-        for _ in range(2):  # the bucket's last two tokens go over HTTP
-            sent = deployment.client.post(
-                "/v1/emails", json=tenant.http_email(), headers=tenant.headers
-            )
-            assert sent.status_code == 200
+        look_then_spend_the_last_tokens_over_http(deployment, tenant, session)
         mail, _, end = submit(session, large, tenant.address, ["a@example.org"])
     assert mail[0] == 250 and end is not None and end[0] == 451, end
     assert end[1].startswith("4.7.1 rate limit: 3 requests per minute"), end
