@@ -96,9 +96,11 @@ def read_message(raw: bytes, recipients: list[str]) -> Submitted:
     if b"\x00" in head:
         raise BadMessage("a header contains a NUL byte")
     try:
-        message = structure.parse(raw, MAX_DEPTH)
+        message = structure.parse(raw, MAX_DEPTH, MAX_PARTS)
     except RecursionError:
         raise BadMessage(f"MIME parts are nested more than {MAX_DEPTH} deep") from None
+    except structure.TooManyParts:
+        raise BadMessage(f"more than {MAX_PARTS} MIME parts") from None
     _check_structure(message)
     headers = _header_fields(message)
     for read_below in ("from", "reply-to"):

@@ -35,23 +35,49 @@ _NAME = re.compile(r"[\041-\071\073-\176]+:")
 _MULTIPART_ENCODINGS = ("7bit", "8bit", "binary")
 
 
-def parse(raw: bytes, max_depth: int) -> Message:
+class TooManyParts(Exception):
+    """The message has more parts than its reader allows (containers included)."""
+
+
+class Parts:
+    """How many more parts a reading may make: it stops at the first one too many, not after
+    making every part of a message that has thousands."""
+
+    def __init__(self, most: int) -> None:
+        self.left = most
+
+    def one_more(self) -> None:
+        """:raises TooManyParts: there is no room for another part."""
+        self.left -= 1
+        if self.left < 0:
+            raise TooManyParts
+
+
+def parse(raw: bytes, max_depth: int, max_parts: int) -> Message:
     """The message ``raw`` as Python's parser reads it (8-bit bytes kept as surrogates):
-    read quickly when it is plain and no deeper than ``max_depth``, else by that parser."""
+    read quickly when it is plain and no deeper than ``max_depth``, else by that parser.
+
+    :raises TooManyParts: the quick reading found more than ``max_parts`` parts (Python's
+        parser, which reads the rest, makes them all).
+    """
     text = raw.decode("ascii", "surrogateescape")
     crlf = text.count("\r\n")
     if text.count("\r") == crlf and text.count("\n") == crlf:  # every line ends in CRLF
-        quick = read_plain(text, 0, len(text), max_depth)
+        quick = read_plain(text, 0, len(text), max_depth, Parts(max_parts))
         if quick is not None:
             return quick
     return Parser(policy=POLICY).parsestr(text)
 
 
-def read_plain(text: str, start: int, end: int, depth_left: int) -> Message | None:
+def read_plain(text: str, start: int, end: int, depth_left: int, parts: Parts) -> Message | None:
     """``text[start:end]`` (a message, or a part of one, its lines ending in CRLF) read by its
     lines' places, or None when it is not plain (see the module). Only the payloads,
     preambles and epilogues are copied out of ``text``, each once: a part nested in others
-    is never copied with them."""
+    is never copied with them.
+
+    :raises TooManyParts: ``parts`` has no room for one of its parts.
+    """
+    parts.one_more()
     if text.startswith("\r\n", start, end):
         message, body = Message(policy=POLICY), start + 2
     else:
@@ -74,7 +100,7 @@ def read_plain(text: str, start: int, end: int, depth_left: int) -> Message | No
     encoding = str(message.get("content-transfer-encoding", "8bit")).lower()
     if not boundary or encoding not in _MULTIPART_ENCODINGS:
         return None
-    return _multipart(message, text, body, end, boundary, depth_left)
+    return _multipart(message, text, body, end, boundary, depth_left, parts)
 
 
 def _header_section(section: str) -> Message | None:
@@ -102,11 +128,11 @@ def _header_section(section: str) -> Message | None:
 
 
 def _multipart(
-    message: Message, text: str, body: int, end: int, boundary: str, depth_left: int
+    message: Message, text: str, body: int, end: int, boundary: str, depth_left: int, parts: Parts
 ) -> Message | None:
     """``message`` with its parts, cut from its body (``text[body:end]``) at its boundary's
     lines."""
-    parts: list[Message | str] = []
+    found: list[Message | str] = []
     opened: tuple[int, int] | None = None
     for start, after, closes in _boundary_lines(text, f"--{boundary}", body, end):
         if opened is None:  # the first boundary
@@ -118,15 +144,15 @@ def _multipart(
             continue
         if start - 2 < opened[1]:
             return None  # one boundary right after another
-        part = read_plain(text, opened[1], start - 2, depth_left - 1)
+        part = read_plain(text, opened[1], start - 2, depth_left - 1, parts)
         if part is None:
             return None
         if part.is_multipart() and part.epilogue == "":
             if not text.endswith("\r\n", opened[1], start - 2):
                 part.epilogue = None  # (as Python's parser: nothing after its close boundary)
-        parts.append(part)
+        found.append(part)
         if closes:  # the rest is the epilogue
-            message.set_payload(parts)
+            message.set_payload(found)
             message.epilogue = text[after:end]
             return message
         opened = (start, after)
