@@ -89,8 +89,10 @@ def carry_out(
     limiter = deps.limiter
 
     def apply(tx: Writes) -> Replay | None:
-        if not key_read_before and not tx.is_api_key_live(caller.key_id):
-            raise NotAuthenticated("Authorization: unknown or revoked API key")
+        if not key_read_before:
+            key = tx.get_api_key(caller.key_id)
+            if key is None or key.revoked:
+                raise NotAuthenticated("Authorization: unknown or revoked API key")
         earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
         if earlier is None and change.apply is not None:
             change.apply(tx)

@@ -81,12 +81,6 @@ class KeyVerbs:
         self.connection.execute("DELETE FROM dashboard_sessions WHERE key_id = ?", (key_id,))
         return True
 
-    def is_api_key_live(self, key_id: str) -> bool:
-        row = self.connection.execute(
-            "SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL", (key_id,)
-        ).fetchone()
-        return row is not None
-
     def touch_api_key(self, key_id: str, now: float) -> None:
         self.run(
             "UPDATE api_keys SET last_used_at = ? WHERE id = ? "

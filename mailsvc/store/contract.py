@@ -327,12 +327,6 @@ class Writes(Reads, Protocol):
         is no such key. Once committed, every read on every host sees it revoked."""
         ...
 
-    def is_api_key_live(self, key_id: str) -> bool:
-        """Whether the key exists and is not revoked, as this transaction sees it: a write
-        that asks first commits only for a key live when it began (a revocation committed
-        before it is seen, on every host)."""
-        ...
-
     def touch_api_key(self, key_id: str, now: float) -> None:
         """Note that the key was used (at most once a minute is written)."""
         ...
