@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mailsvc.http import idempotency
 from mailsvc.mail.dkim import new_signing_key
 from mailsvc.store import (
     TEMPLATE_CPU_GROUP,
@@ -175,6 +176,29 @@ def test_an_expired_idempotency_key_is_claimed_again_once(stores):
     )
     assert sum(1 for result in results if result is None) == 1
     assert stores[0].reads.get_idempotent("acc_1", "k", 500.0).fingerprint == "new"
+
+
+def test_the_claims_purge_the_expired_answers_faster_than_they_add_answers(stores):
+    """Without the hourly purge, one claim in PURGE_EVERY purges up to PURGE_AT_ONCE expired
+    answers: the expired never pile up; the live are never touched."""
+    store = stores[0]
+    expired = 3 * idempotency.PURGE_AT_ONCE
+
+    def old(tx):
+        for n in range(expired):
+            tx.claim_idempotency("acc_1", f"old-{n}", "f", 10.0, 0.0, 200, "{}")
+
+    store.write(old)
+    claims = 4 * idempotency.PURGE_EVERY
+    for n in range(claims):
+        request = idempotency.Claim("acc_1", f"new-{n}", "f", 1000.0, 500.0)
+        assert store.write(lambda tx, r=request: idempotency.claim(tx, r, 200, "{}")) is None
+    left = sum(
+        store.reads.get_idempotent("acc_1", f"old-{n}", 0.0) is not None for n in range(expired)
+    )
+    assert left == 0  # four purges of up to 100 for the 300
+    live = [store.reads.get_idempotent("acc_1", f"new-{n}", 500.0) for n in range(claims)]
+    assert all(found is not None for found in live)
 
 
 def test_due_mail_is_claimed_by_one_claimer_each(stores):

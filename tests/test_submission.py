@@ -1135,11 +1135,17 @@ def test_each_message_has_a_log_line(deployment):
             submit(session, message(tenant), tenant.address, ["a@example.org", "b@example.org"])[2]
         )
         session.mail("hello@unverified.example")
+        too_long = b"From: x@y.example\r\nTo: a@example.org\r\n\r\n" + b"y" * 1200 + b"\r\n"
+        _, _, refused = submit(session, too_long, tenant.address, ["c@example.org"])
+        assert refused is not None and refused[0] == 554
     log = server.stop()
     [line] = [line for line in log.splitlines() if email_id in line and "submission" in line]
     assert "INFO mailsvc.submission: message 250 2.0.0" in line
     assert f"account={tenant.id} email={email_id} recipients=2" in line
     assert f"MAIL refused 550 5.7.1 account={tenant.id}" in log
+    # A message refused while it was read (before it was taken) has its line too.
+    [line] = [line for line in log.splitlines() if "message 554 5.6.0" in line]
+    assert f"account={tenant.id} email=- recipients=1" in line
 
 
 def test_its_metrics_are_in_gunicorns_metrics_when_they_share_a_folder(deployment):

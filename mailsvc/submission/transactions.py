@@ -145,6 +145,9 @@ class Transaction(Envelope):
         self.from_look = False
         #: The credit its message spent (none when it was the same as an earlier one).
         self.spent = 0
+        #: The email its message became, and the seconds its take took (once taken).
+        self.email_id: str | None = None
+        self.taken_seconds: float | None = None
 
 
 class MailTransactions:
@@ -357,7 +360,8 @@ class MailTransactions:
     async def take(
         self, session: Login, envelope: Transaction, raw: bytes, eight_bit: bool, alone: bool
     ) -> Reply:
-        """The reply to a message whose data arrived whole: queued, or why not. ``alone``: the
+        """The reply to a message whose data arrived whole: queued, or why not (once it is
+        sent, :meth:`answered` logs it). ``alone``: the
         process serves this connection only, and the event loop has nothing else to do while
         the message is taken; it is taken on the loop's thread, without the hand-off to a
         thread and back (a tenth of one connection's time a message)."""
@@ -372,18 +376,14 @@ class MailTransactions:
         finally:
             envelope.taking = False
             envelope.held.close()
-        if email_id is None:
-            metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
-        else:
-            metrics.SUBMISSION_MESSAGES.labels("accepted").inc()
+        envelope.email_id = email_id
+        envelope.taken_seconds = time.perf_counter() - started
         look, admission = session.look, envelope.admission
         if envelope.from_look and email_id is None:
             session.look = None  # what changed since is the store's to say, at the next MAIL
         elif look is not None and admission is not None:  # the look, as the message left it
             look.took(admission)
             look.credits -= envelope.spent
-        metrics.SUBMISSION_DURATION.observe(time.perf_counter() - started)
-        _log_message(session, envelope, reply, email_id)
         return reply
 
     def _take(
@@ -484,14 +484,25 @@ class MailTransactions:
 
     # -- the end of a transaction ------------------------------------------------------
 
-    def refuse(self, session: Login, envelope: Transaction, reply: Reply) -> Reply:
+    def refuse(self, envelope: Transaction) -> None:
         """A message the session refused before it was read whole (too large, too long a
-        line, no place for it): its token is taken, its line logged."""
+        line, no place for it): its token is taken."""
         if envelope.admission is not None:
             self.executor.submit(self._settle, envelope.admission)
-        metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
-        _log_message(session, envelope, reply, None)
-        return reply
+
+    def answered(self, session: Login, envelope: Transaction, reply: Reply) -> None:
+        """A message's client has its reply (:meth:`take`'s, or the session's refusal): the
+        message's metrics, and its line of the access log. Done once the reply is sent, not
+        before it: a client that sends one message after another waits for each reply, and
+        the log line and the metrics (a twentieth of a message's time on one connection) are
+        then written while it sends the next."""
+        if envelope.email_id is None:
+            metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
+        else:
+            metrics.SUBMISSION_MESSAGES.labels("accepted").inc()
+        if envelope.taken_seconds is not None:
+            metrics.SUBMISSION_DURATION.observe(envelope.taken_seconds)
+        _log_message(session, envelope, reply, envelope.email_id)
 
     def end(self, envelope: Transaction) -> None:
         """The transaction is over (its message taken or refused, RSET, a new EHLO, the

@@ -106,6 +106,7 @@ class SqliteStore:
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
         self.path = Path(path)
+        self._folder = str(self.path.parent)
         self.synchronous = synchronous
         self.reads: Reads = each_read(self._autocommit)
         self.conditions = Conditions()
@@ -183,7 +184,10 @@ class SqliteStore:
     def check_room(self, reserve_bytes: int) -> None:
         """:raises StoreOutage: the file system of the store has less than ``reserve_bytes``
         free (kept for delivery to record its outcomes when requests can add no more)."""
-        stats = os.statvfs(self.path.parent if self.path.parent.exists() else ".")
+        try:
+            stats = os.statvfs(self._folder)
+        except FileNotFoundError:  # (not made yet)
+            stats = os.statvfs(".")
         free = stats.f_bavail * stats.f_frsize
         if free < reserve_bytes:
             raise self.conditions.began(
