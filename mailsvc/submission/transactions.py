@@ -54,7 +54,7 @@ from aiosmtpd.smtp import MISSING, Envelope, Session
 
 from ..api.sending import MAX_RECIPIENTS, SendRequest
 from ..api.sending import suppressed as suppressed_of
-from ..api.writes import carry_out
+from ..api.writes import Wakers, carry_out
 from ..app import MailService
 from ..errors import DomainNotVerified, Forbidden, NotAuthenticated, RateLimited, ValidationFailed
 from ..http import idempotency
@@ -148,6 +148,9 @@ class Transaction(Envelope):
         #: The email its message became, and the seconds its take took (once taken).
         self.email_id: str | None = None
         self.taken_seconds: float | None = None
+        #: Whom its message gave work to wake, once its client has the reply (the delivering
+        #: process, by a datagram: a fiftieth of a message's time on one connection).
+        self.woken: set[str] = set()
 
 
 class MailTransactions:
@@ -417,7 +420,9 @@ class MailTransactions:
             written = carry_out(
                 service.store,
                 service.deps,
-                service.wakers,
+                Wakers(
+                    partial(envelope.woken.add, "delivery"), partial(envelope.woken.add, "webhooks")
+                ),
                 SEND_EMAIL,
                 principal,
                 admission,
@@ -491,11 +496,16 @@ class MailTransactions:
             self.executor.submit(self._settle, envelope.admission)
 
     def answered(self, session: Login, envelope: Transaction, reply: Reply) -> None:
-        """A message's client has its reply (:meth:`take`'s, or the session's refusal): the
-        message's metrics, and its line of the access log. Done once the reply is sent, not
-        before it: a client that sends one message after another waits for each reply, and
-        the log line and the metrics (a twentieth of a message's time on one connection) are
-        then written while it sends the next."""
+        """A message's client has its reply (:meth:`take`'s, or the session's refusal): delivery
+        is woken if the message was queued, and the message's metrics and its line of the
+        access log are written. Done once the reply is sent, not before it: a client that
+        sends one message after another waits for each reply, and this (a fifteenth of a
+        message's time on one connection) is then done while it sends the next."""
+        wakers = self.service.wakers
+        if "delivery" in envelope.woken:
+            wakers.delivery()
+        if "webhooks" in envelope.woken:
+            wakers.webhooks()
         if envelope.email_id is None:
             metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
         else:
