@@ -439,7 +439,8 @@ class MailTransactions:
         except Exception as exc:
             self._settle(admission)
             return reply_for(exc), None
-        email_id = json.loads(written.body)["id"]
+        # (a replay's email is the one its stored answer names)
+        email_id = written.accepted[0] if written.accepted else json.loads(written.body)["id"]
         if not written.replayed:
             envelope.spent = envelope.charged * service.settings.credits_per_recipient
         again = " (sent before with this Message-ID: the same email)" if written.replayed else ""
