@@ -325,6 +325,48 @@ def test_mail_that_comes_faster_than_the_gathering_goes_in_runs(config, clock, s
     assert len({m.message_id for m in sink.messages}) == 9
 
 
+def test_mail_that_keeps_coming_one_at_a_time_is_gathered_not_claimed_by_each_sender(
+    config, clock, sink
+):
+    """While mail keeps coming one email at a time (the last claim found the queue short), a
+    thread that recorded its run does not claim what came meanwhile (an email or two, a run
+    and a durable commit each) before the gathering's time has passed since the last claim:
+    the claimer gathers it. (A claim that found a full run means a backlog, which the threads
+    claim as they free up.)"""
+    gather, run = 0.1, 8
+    config.update(
+        smtp_url=sink.url,
+        poll_seconds=30,
+        delivery_threads=4,
+        delivery_gather_ms=gather * 1000,
+        delivery_run=run,
+    )
+    app = create_app(config, clock=clock)
+    tenant, client = make_tenant(app), Client(app)
+    claims = Claims(app)
+    app.start()
+    try:
+        for number in range(3):  # the relay's pace, measured
+            post(client, tenant, subject=f"warm {number}")
+            sink.wait_for(number + 1, timeout=5)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 3, what="sent")
+        time.sleep(gather * 1.5)  # a quiet spell
+        claims.clear()
+        for number in range(40):  # one every 10 ms or so: a run or less a gathering
+            post(client, tenant, subject=f"m{number}")
+            time.sleep(0.01)
+        sink.wait_for(43, timeout=10)
+        wait_until(lambda: count_by_status(app.store).get("sent") == 43, what="sent")
+    finally:
+        app.stop(timeout=5)
+    looks = [(who, found, at) for (who, found), at in zip(claims.looks, claims.times) if found]
+    assert sum(found for _, found, _ in looks) == 40
+    for before, (who, found, at) in zip(looks, looks[1:]):
+        if who == "sender" and found < run:  # a piece or two, while mail came one at a time
+            assert before[1] == run or at - before[2] >= gather * 0.9, looks
+    assert len({m.message_id for m in sink.messages}) == 43
+
+
 def test_gathered_mail_from_a_slow_relay_goes_side_by_side(config, clock, sink):
     """A relay that takes longer than a run's time (RUN_SECONDS) for a message gets gathered
     mail one email to an idle thread, sent side by side, not as one thread's run (which the

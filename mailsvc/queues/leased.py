@@ -171,13 +171,22 @@ class LeasedPool(Generic[Item]):
     def claim_next(self, tx: Writes, count: int = 1) -> list[Item]:
         """In the job that records a worker's outcomes: lease the worker its next run of up to
         ``count`` pieces, so that it goes on without waiting for the claimer (one transaction,
-        not two, a run). Nothing while the pool is stopping, or when nothing is due."""
+        not two, a run). Nothing while the pool is stopping, or when nothing is due; nor while
+        work comes a piece at a time and the claimer is gathering it (``gather_seconds``
+        since the last claim that gathered have not passed): what came since goes with what
+        comes until then, as one run, where each worker would record a piece or two at a time,
+        a durable commit each. Once they have passed, this claim is the gathering's."""
         if not self._running or self._nothing_new() or not self.keeps_claiming():
+            return []
+        gathering, began = self._gathers(), time.monotonic()
+        if gathering and began < self._gather_until():
             return []
         news = self._news
         batch, next_due = self.claim(tx, wanted=count)
         self.claims += 1
         self._saw_queue(news, len(batch) < count, next_due)
+        if gathering and batch:
+            self._last_claim = began
         return batch
 
     def _saw_queue(self, news: int, short: bool, next_due: float | None) -> None:
