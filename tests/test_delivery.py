@@ -359,9 +359,13 @@ def test_mail_that_keeps_coming_one_at_a_time_is_gathered_not_claimed_by_each_se
         wait_until(lambda: count_by_status(app.store).get("sent") == 43, what="sent")
     finally:
         app.stop(timeout=5)
-    looks = [(who, found, at) for (who, found), at in zip(claims.looks, claims.times) if found]
+    looks = [
+        (who, found, at)
+        for (who, found), at in zip(claims.looks, claims.times, strict=True)
+        if found
+    ]
     assert sum(found for _, found, _ in looks) == 40
-    for before, (who, found, at) in zip(looks, looks[1:]):
+    for before, (who, found, at) in zip(looks, looks[1:], strict=False):
         if who == "sender" and found < run:  # a piece or two, while mail came one at a time
             assert before[1] == run or at - before[2] >= gather * 0.9, looks
     assert len({m.message_id for m in sink.messages}) == 43
