@@ -230,17 +230,13 @@ class SubmissionSession(SMTP):
         if raw is None:  # the connection was closed (too slow, a bare LF, gone)
             return
         if reading.refusal is not None:
-            reply = reading.refusal
-            self.transactions.refuse(envelope)
+            reply = self.transactions.refuse(session, envelope, reading.refusal)
         else:
             alone = len(self.connections.open) == 1 and len(raw) <= _TAKEN_ON_THE_LOOP
             reply = await self.transactions.take(
                 session, envelope, raw, reading.eight_bit, alone=alone
             )
-        try:
-            await self.push(reply.lines())
-        finally:  # (logged though the client is gone)
-            self.transactions.answered(session, envelope, reply)
+        await self.push(reply.lines())
         self._set_post_data_state()
 
 

@@ -54,7 +54,7 @@ from aiosmtpd.smtp import MISSING, Envelope, Session
 
 from ..api.sending import MAX_RECIPIENTS, SendRequest
 from ..api.sending import suppressed as suppressed_of
-from ..api.writes import Wakers, carry_out
+from ..api.writes import carry_out
 from ..app import MailService
 from ..errors import DomainNotVerified, Forbidden, NotAuthenticated, RateLimited, ValidationFailed
 from ..http import idempotency
@@ -145,12 +145,6 @@ class Transaction(Envelope):
         self.from_look = False
         #: The credit its message spent (none when it was the same as an earlier one).
         self.spent = 0
-        #: The email its message became, and the seconds its take took (once taken).
-        self.email_id: str | None = None
-        self.taken_seconds: float | None = None
-        #: Whom its message gave work to wake, once its client has the reply (the delivering
-        #: process, by a datagram: a fiftieth of a message's time on one connection).
-        self.woken: set[str] = set()
 
 
 class MailTransactions:
@@ -363,8 +357,7 @@ class MailTransactions:
     async def take(
         self, session: Login, envelope: Transaction, raw: bytes, eight_bit: bool, alone: bool
     ) -> Reply:
-        """The reply to a message whose data arrived whole: queued, or why not (once it is
-        sent, :meth:`answered` logs it). ``alone``: the
+        """The reply to a message whose data arrived whole: queued, or why not. ``alone``: the
         process serves this connection only, and the event loop has nothing else to do while
         the message is taken; it is taken on the loop's thread, without the hand-off to a
         thread and back (a tenth of one connection's time a message)."""
@@ -379,14 +372,18 @@ class MailTransactions:
         finally:
             envelope.taking = False
             envelope.held.close()
-        envelope.email_id = email_id
-        envelope.taken_seconds = time.perf_counter() - started
+        if email_id is None:
+            metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
+        else:
+            metrics.SUBMISSION_MESSAGES.labels("accepted").inc()
         look, admission = session.look, envelope.admission
         if envelope.from_look and email_id is None:
             session.look = None  # what changed since is the store's to say, at the next MAIL
         elif look is not None and admission is not None:  # the look, as the message left it
             look.took(admission)
             look.credits -= envelope.spent
+        metrics.SUBMISSION_DURATION.observe(time.perf_counter() - started)
+        _log_message(session, envelope, reply, email_id)
         return reply
 
     def _take(
@@ -420,9 +417,7 @@ class MailTransactions:
             written = carry_out(
                 service.store,
                 service.deps,
-                Wakers(
-                    partial(envelope.woken.add, "delivery"), partial(envelope.woken.add, "webhooks")
-                ),
+                service.wakers,
                 SEND_EMAIL,
                 principal,
                 admission,
@@ -490,30 +485,14 @@ class MailTransactions:
 
     # -- the end of a transaction ------------------------------------------------------
 
-    def refuse(self, envelope: Transaction) -> None:
+    def refuse(self, session: Login, envelope: Transaction, reply: Reply) -> Reply:
         """A message the session refused before it was read whole (too large, too long a
-        line, no place for it): its token is taken."""
+        line, no place for it): its token is taken, its line logged."""
         if envelope.admission is not None:
             self.executor.submit(self._settle, envelope.admission)
-
-    def answered(self, session: Login, envelope: Transaction, reply: Reply) -> None:
-        """A message's client has its reply (:meth:`take`'s, or the session's refusal): delivery
-        is woken if the message was queued, and the message's metrics and its line of the
-        access log are written. Done once the reply is sent, not before it: a client that
-        sends one message after another waits for each reply, and this (a fifteenth of a
-        message's time on one connection) is then done while it sends the next."""
-        wakers = self.service.wakers
-        if "delivery" in envelope.woken:
-            wakers.delivery()
-        if "webhooks" in envelope.woken:
-            wakers.webhooks()
-        if envelope.email_id is None:
-            metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
-        else:
-            metrics.SUBMISSION_MESSAGES.labels("accepted").inc()
-        if envelope.taken_seconds is not None:
-            metrics.SUBMISSION_DURATION.observe(envelope.taken_seconds)
-        _log_message(session, envelope, reply, envelope.email_id)
+        metrics.SUBMISSION_MESSAGES.labels(_outcome(reply)).inc()
+        _log_message(session, envelope, reply, None)
+        return reply
 
     def end(self, envelope: Transaction) -> None:
         """The transaction is over (its message taken or refused, RSET, a new EHLO, the
