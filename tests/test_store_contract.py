@@ -277,6 +277,7 @@ def test_a_write_finds_a_key_revoked_by_another_store_before_it(stores):
     stores[0].write(lambda tx: tx.create_api_key("key_1", owner, b"hash", "full", 0.0))
     stores[0].write(lambda tx: tx.revoke_api_key("key_1", 1.0))
     assert all(store.write(lambda tx: tx.get_api_key("key_1")).revoked for store in stores)
+    assert stores[1].write(lambda tx: tx.get_api_key("key_unknown")) is None
 
 
 def test_every_process_gets_the_same_service_secret(stores):
