@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, TypeVar
 
 import psycopg
@@ -49,6 +49,7 @@ from ..outages import (
 from ..sql import Dialect, in_row_order, migration_scripts
 from ..verbs import SqlVerbs
 from ..writer import Job, Writer
+from .wire import Answer, Statement, utility, wire_of
 
 Result = TypeVar("Result")
 
@@ -150,22 +151,11 @@ DIALECT = Dialect(
 )
 
 
-@lru_cache(maxsize=1024)
-def _placeholders(sql: str) -> str:
-    """The verbs' ``?`` placeholders as psycopg's ``%s`` (they contain no ``%`` of their own)."""
-    return sql.replace("%", "%%").replace("?", "%s")
-
-
 class _Connection:
-    """A psycopg connection as the verbs use one (``?`` placeholders). Its statements share
-    one cursor (each verb reads a result before its next statement), which saves psycopg
-    making a cursor, with its adapters, for every statement.
-
-    Every statement of the verbs is prepared on a connection the first time it runs there
-    (the server then neither parses nor plans it again: half of what it spends on an accept).
-    Always at its first run, never at a later one: psycopg checks that a PREPARE made in a
-    pipeline took effect only when it goes with the statement's first run (the server skips
-    it when an earlier statement of the pipeline failed), and would otherwise count it as made.
+    """A psycopg connection as the verbs use one (``?`` placeholders), its statements sent
+    by :mod:`.wire`: each prepared on the connection at its first run there (the server then
+    neither parses nor plans it again: half of what it spends on an accept), and what waits
+    (:meth:`queue`) sent in one message with the next statement that needs an answer.
 
     :param begin: the statements that open the transaction, sent with the first statement of
         the job in one message (a round trip saved on every write).
@@ -178,48 +168,47 @@ class _Connection:
         self, connection: psycopg.Connection[Any], begin: Sequence[str] = (), tracked: bool = False
     ) -> None:
         self._connection = connection
-        self._cursor = connection.cursor()
+        self.wire = wire_of(connection)
         self.begin = begin
         self.tracked = tracked
-        self.queued: list[tuple[str, Any]] = []
-        self._transaction: psycopg.Cursor[Any] | None = None
+        self.queued: list[Statement] = []
+        self._transaction: Statement | None = None
 
     def queue(self, sql: str, params: Any = (), /) -> None:
-        self.queued.append((sql, params))
+        self.queued.append(Statement(sql, params))
 
-    def execute(self, sql: str, params: Any = (), /) -> Any:
-        if not self.begin and not self.queued:
-            return self._cursor.execute(_placeholders(sql), params, prepare=True)
-        with self._connection.pipeline():
-            self.send_waiting(track=self.tracked)
-            return self._cursor.execute(_placeholders(sql), params, prepare=True)
+    def execute(self, sql: str, params: Any = (), /) -> Answer:
+        statement = Statement(sql, params)
+        self.wire.send([*self.waiting(track=self.tracked), statement])
+        return statement.answer
 
-    def send_waiting(self, track: bool = False) -> None:
-        """Send what opens the transaction and the queued statements (inside a pipeline, they
-        travel in one message with what follows); with ``track``, the question of the
-        transaction's id after what opens it."""
+    def waiting(self, track: bool = False) -> list[Statement]:
+        """What opens the transaction and the queued statements, to send (in one message with
+        what follows); with ``track``, the question of the transaction's id after what opens
+        it."""
         begin, self.begin = self.begin, ()
-        for statement in begin:
-            self._connection.execute(statement, prepare=False)
+        statements = [utility(sql) for sql in begin]
         if begin and track:
-            self._transaction = self._connection.execute(
-                "SELECT pg_current_xact_id()::text", prepare=True
-            )
+            self._transaction = Statement("SELECT pg_current_xact_id()::text")
+            statements.append(self._transaction)
         queued, self.queued = self.queued, []
-        for sql, params in queued:
-            self._cursor.execute(_placeholders(sql), params, prepare=True)
+        return statements + queued
 
     @property
     def transaction_id(self) -> str | None:
         """The transaction's id, if the server told it before the connection broke."""
+        if self._transaction is None or not self._transaction.answer.received:
+            return None
         try:
-            row = self._transaction.fetchone() if self._transaction is not None else None
+            row = self._transaction.answer.fetchone()
         except psycopg.Error:
             return None
         return row[0] if row else None
 
     def copy_rows(self, table: str, columns: str, rows: Sequence[Sequence[Any]]) -> None:
         """Rows into a table with ``COPY`` (for moving a whole store)."""
+        if self.begin or self.queued:
+            self.wire.send(self.waiting())
         with self._connection.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)
@@ -782,18 +771,11 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
     of ``verbs.refuse_unless``, names is the refusal it stands for."""
     connection, held_back = opened._connection, verbs.held_back
     counts = verbs.held_count_statements()
-    if not held_back and not counts and not opened.queued and not opened.begin:
-        connection.execute("COMMIT", prepare=False)
-        return
+    statements = opened.waiting()
+    statements += [Statement(each.sql, each.params) for each in in_row_order(held_back)]
+    statements += [Statement(sql, params) for sql, params in counts]
     try:
-        with connection.pipeline():
-            opened.send_waiting()
-            cursor = connection.cursor()
-            for statement in in_row_order(held_back):
-                cursor.execute(_placeholders(statement.sql), statement.params, prepare=True)
-            for sql, params in counts:
-                cursor.execute(_placeholders(sql), params, prepare=True)
-            connection.execute("COMMIT", prepare=False)
+        opened.wire.send([*statements, utility("COMMIT")])
     except errors.CheckViolation as exc:
         _roll_back(connection)
         refusal = verbs.refusal_of(exc.diag.constraint_name)
