@@ -198,9 +198,9 @@ class Wire:
                 continue
             # (one statement's results end with none)
             if position == len(expected):  # an answer to nothing sent: the server is ending
-                error = _error(results[-1] if results else None, self._encoding, broken=True)
+                ending = _error(results[-1] if results else None, self._encoding, broken=True)
                 pgconn.finish()  # (broken: what was sent is in doubt, and the store knows it)
-                raise error
+                raise ending
             item = expected[position]
             position += 1
             error = self._take(item, results)
