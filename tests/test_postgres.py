@@ -641,3 +641,56 @@ def test_a_queue_that_grew_after_its_claim_was_planned_is_claimed_by_its_index(
     assert "Seq Scan on emails" not in plan, plan
     claimed = store.write(lambda tx: tx.claim_due("grower", time.time(), 60.0, 8))
     assert len(claimed) == 8
+
+
+def test_the_wire_keeps_its_statements_prepared_within_their_limit(postgres_database, monkeypatch):
+    """The store's statements go through :mod:`mailsvc.store.postgres.wire`: each prepared at
+    its first run on a connection, the least recently used closed beyond the limit (here 3),
+    while the ones in use stay; the parameters and rows convert as psycopg's would; a failed
+    statement raises psycopg's error for it and leaves the statements after it unanswered
+    (the COMMIT among them), and the connection usable once rolled back."""
+    from mailsvc.store.postgres import wire
+
+    monkeypatch.setattr(wire, "MOST_PREPARED", 3)
+    with psycopg.connect(postgres_database, autocommit=True) as connection:
+        sender = wire.wire_of(connection)
+        assert wire.wire_of(connection) is sender
+
+        def prepared() -> list[str]:
+            return sorted(
+                row[0]
+                for row in connection.execute(
+                    "SELECT statement FROM pg_prepared_statements WHERE name LIKE 'mailsvc_%'"
+                )
+            )
+
+        statements = [wire.Statement(f"SELECT ? + {n}, ?::text, ?::jsonb", (n, "é", '{"a": [1]}'))
+                      for n in range(5)]  # fmt: skip
+        sender.send(statements)
+        assert [s.answer.fetchone() for s in statements] == [
+            (2 * n, "é", {"a": [1]}) for n in range(5)
+        ]
+        assert len(prepared()) == 5  # (one message's new statements, closed with the next)
+        again = wire.Statement("SELECT ? + 4, ?::text, ?::jsonb", (1, None, None))
+        sender.send([again])  # still prepared: among the most recently used
+        assert again.answer.fetchone() == (5, None, None)
+        assert prepared() == [f"SELECT $1 + {n}, $2::text, $3::jsonb" for n in (2, 3, 4)]
+
+        failing = [
+            wire.Statement("SELECT 1 / ?", (0,)),
+            wire.Statement("SELECT ? + 1", (1,)),
+        ]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            sender.send([wire.utility("BEGIN"), *failing, wire.utility("COMMIT")])
+        with pytest.raises(psycopg.errors.PipelineAborted):
+            failing[1].answer.fetchone()
+        status = psycopg.pq.TransactionStatus
+        assert connection.info.transaction_status == status.INERROR  # (COMMIT skipped)
+        sender.send([wire.utility("ROLLBACK")])
+        assert connection.info.transaction_status == status.IDLE
+        after = wire.Statement("SELECT ? + 1", (1,))  # its Parse was skipped: made again
+        sender.send([after])
+        assert after.answer.fetchall() == [(2,)] and after.answer.rowcount == 1
+        assert len(prepared()) == 4  # (the one it made, beyond the limit until the next)
+        sender.send([wire.Statement("SELECT ? + 1", (2,))])
+        assert len(prepared()) == 3 and "SELECT $1 + 1" in prepared()

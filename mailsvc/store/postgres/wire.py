@@ -14,7 +14,8 @@ Every statement with parameters is prepared on its connection at its first run t
 name of its own (never psycopg's), in the same message: the server neither parses nor plans it
 again. A name counts as made only once the server answers its ``Parse`` (the server skips
 what follows a failed statement until the pipeline's end, a ``Parse`` among it). At most
-:data:`MOST_PREPARED` a connection; the least recently used is closed beyond that. Like
+:data:`MOST_PREPARED` a connection (and one message's new ones); the least recently used
+beyond that are closed with the next message. Like
 psycopg's, these are protocol-level statements, which PgBouncer (1.21 or later) keeps in its
 transaction pooling.
 """
@@ -40,6 +41,9 @@ _ROWS = pq.ExecStatus.TUPLES_OK
 _SYNC = pq.ExecStatus.PIPELINE_SYNC
 _FAILED = pq.ExecStatus.FATAL_ERROR
 _ABORTED = pq.ExecStatus.PIPELINE_ABORTED
+
+#: What names a prepared statement: its SQL and its parameters' types.
+_Key = tuple[bytes, tuple[int, ...]]
 
 
 @lru_cache(maxsize=1024)
@@ -113,62 +117,66 @@ class Wire:
         self._encoding = self._transformer.encoding
         #: The names of the statements prepared on the connection, by their SQL and their
         #: parameters' types, the least recently used first.
-        self._prepared: OrderedDict[tuple[bytes, tuple[int, ...]], bytes] = OrderedDict()
+        self._prepared: OrderedDict[_Key, bytes] = OrderedDict()
         self._made = 0
+        #: Names beyond :data:`MOST_PREPARED`, the least recently used, to close with the next
+        #: message. Names are never used again, so a close the server skipped (after a failed
+        #: statement) only leaves a statement unused there.
+        self._closing: list[bytes] = []
 
     def send(self, statements: Sequence[Statement]) -> None:
         """Send ``statements`` in one message and read every answer into its statement's
         :class:`Answer`. :raises psycopg.Error: the first error the server answered (the
         statements after it were skipped), or the connection's."""
         pgconn = self.pgconn
-        transformer = self._transformer
-        # What arrives, in order: (the statement whose answer it is, or the name a Parse
-        # makes).
-        expected: list[Statement | tuple[tuple[bytes, tuple[int, ...]], bytes]] = []
-        making: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+        # What arrives, in order: the statement whose answer it is, or the name a Parse makes.
+        expected: list[Statement | tuple[_Key, bytes]] = []
+        making: dict[_Key, bytes] = {}
         pgconn.enter_pipeline_mode()
         try:
+            closing, self._closing = self._closing, []
+            for unused in closing:
+                pgconn.send_close_prepared(unused)
+                expected.append(utility("(close)"))
             for statement in statements:
-                if not statement.prepared:
+                if statement.prepared:
+                    self._send_prepared(statement, making, expected)
+                else:
                     pgconn.send_query_params(statement.sql.encode(), None)
-                    expected.append(statement)
-                    continue
-                query = numbered(statement.sql)
-                params = statement.params or ()
-                values = transformer.dump_sequence(params, [PyFormat.AUTO] * len(params))
-                types = tuple(transformer.types or ())
-                key = (query, types)
-                name = self._prepared.get(key)
-                if name is not None:
-                    self._prepared.move_to_end(key)
-                elif (name := making.get(key)) is None:
-                    expected.extend(self._make_room(len(making) + 1))
-                    self._made += 1
-                    name = making[key] = b"mailsvc_%d" % self._made
-                    pgconn.send_prepare(name, query, param_types=types)
-                    expected.append((key, name))
-                pgconn.send_query_prepared(name, values, param_formats=transformer.formats)
                 expected.append(statement)
             pgconn.pipeline_sync()
             self._flush()
             failure = self._receive(expected)
         finally:
             self._leave_pipeline()
+        while len(self._prepared) > MOST_PREPARED:  # closed with the next message
+            self._closing.append(self._prepared.popitem(last=False)[1])
         if failure is not None:
             raise failure
 
-    def _make_room(self, new: int) -> list[Statement]:
-        """Close the least recently used statements that ``new`` more would put beyond
-        :data:`MOST_PREPARED`, in the message under way (after the statements before that use
-        them); what to expect for each (nothing to read). Names are never used again, so a
-        close the server skipped (after a failed statement) only leaves a statement unused
-        there."""
-        closing = []
-        while self._prepared and len(self._prepared) + new > MOST_PREPARED:
-            _, name = self._prepared.popitem(last=False)
-            self.pgconn.send_close_prepared(name)
-            closing.append(Statement("(close)", None, prepared=False))
-        return closing
+    def _send_prepared(
+        self,
+        statement: Statement,
+        making: dict[_Key, bytes],
+        expected: list[Statement | tuple[_Key, bytes]],
+    ) -> None:
+        """Send ``statement`` by the name it is prepared under, preparing it first (in the
+        same message) where it is not yet, nor being made by this message."""
+        transformer = self._transformer
+        query = numbered(statement.sql)
+        params = statement.params or ()
+        values = transformer.dump_sequence(params, [PyFormat.AUTO] * len(params))
+        types = tuple(transformer.types or ())
+        key = (query, types)
+        name = self._prepared.get(key)
+        if name is not None:
+            self._prepared.move_to_end(key)
+        elif (name := making.get(key)) is None:
+            self._made += 1
+            name = making[key] = b"mailsvc_%d" % self._made
+            self.pgconn.send_prepare(name, query, param_types=types)
+            expected.append((key, name))
+        self.pgconn.send_query_prepared(name, values, param_formats=transformer.formats)
 
     def _flush(self) -> None:
         """Send what libpq holds, reading the server's answers meanwhile (a long message must
@@ -179,9 +187,7 @@ class Wire:
             if ready & select.POLLIN:
                 pgconn.consume_input()
 
-    def _receive(
-        self, expected: list[Statement | tuple[tuple[bytes, tuple[int, ...]], bytes]]
-    ) -> BaseException | None:
+    def _receive(self, expected: list[Statement | tuple[_Key, bytes]]) -> BaseException | None:
         pgconn = self.pgconn
         failure: BaseException | None = None
         position = 0
@@ -210,7 +216,7 @@ class Wire:
 
     def _take(
         self,
-        item: Statement | tuple[tuple[bytes, tuple[int, ...]], bytes],
+        item: Statement | tuple[_Key, bytes],
         results: list[pq.abc.PGresult],
     ) -> BaseException | None:
         last = results[-1] if results else None
