@@ -15,7 +15,8 @@ together; the report gives each round and the medians, and the ratio of this che
 baseline. For a change whose effect is smaller than the noise between separate runs (memory, a few
 percent of throughput). The CPU an email is the workers' user and system time; between rounds it
 has varied about as much as the rates. With ``--postgres-url``, each server's store is a PostgreSQL
-database of its own on that server (made for it, dropped after it) instead of a SQLite file. With
+database of its own on that server (made for it, dropped after it) instead of a SQLite file, and
+the CPU an email of the machine's PostgreSQL processes is reported too. With
 ``--million N``, each version serves a store that already holds N emails (H2M's), filled once by
 that version's own code (so with the ids it makes) and copied for each round. With ``--relay-rtt
 MS``, the sink is that many milliseconds of round trip away (a proxy that delays every byte by half
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from ..servers import Gunicorn, cpu_seconds
 from . import openloop
+from .backends import server_cpu_seconds
 from .bench import accept_end_to_end
 from .parts import (
     HTML,
@@ -115,10 +117,12 @@ def _measure(
         body = _templated(server.port, headers) if args.template else email(1)
         workers = server.service_pids()
         cpu_before, delivered_before, started = cpu_seconds(workers), sink.count(), time.time()
+        server_before = server_cpu_seconds()
         accept, (end_to_end, accepted) = accept_end_to_end(
             server, env, sink, headers, args, folder, body
         )
         cpu_an_email = (cpu_seconds(workers) - cpu_before) / accepted * 1000
+        on_server = (server_cpu_seconds() - server_before) / accepted * 1000
         in_peak = sum(
             1 for at, _ in sink.received()[delivered_before:] if at <= started + args.seconds
         )
@@ -135,6 +139,7 @@ def _measure(
             "accept/s": accept,
             "e2e/s": end_to_end,
             "cpu ms/mail": cpu_an_email,
+            **({"pg cpu ms/mail": on_server} if database.startswith("postgres") else {}),
             **reads,
             "p99 ms": latencies[int(0.99 * len(latencies))],
             "delivered in peak": in_peak / accepted,
