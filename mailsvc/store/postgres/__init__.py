@@ -286,17 +286,15 @@ class PostgresStore:
 
     @contextmanager
     def read(self) -> Iterator[Reads]:
-        snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        snapshot = utility("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         with (
             self._outages(),
-            self._lent(lambda c: c.execute(snapshot, prepare=False)) as connection,
+            self._lent(lambda c: wire_of(c).send([snapshot])) as connection,
         ):
             try:
                 yield SqlVerbs(_Connection(connection), DIALECT)
             finally:
-                # Ends the snapshot (it wrote nothing); a ROLLBACK would make psycopg forget
-                # every statement prepared on the connection.
-                connection.execute("COMMIT", prepare=False)
+                wire_of(connection).send([utility("COMMIT")])  # (it wrote nothing)
 
     def check_room(self, reserve_bytes: int) -> None:
         pass  # the server's disk cannot be seen from here; a full one refuses (FULL)
