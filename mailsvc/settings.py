@@ -79,7 +79,7 @@ def _gather_ms(value: str) -> float:
 
 def _nice(value: str) -> int | None:
     """A nice value from 0 to 19, or None for ``auto`` (which
-    :func:`mailsvc.delivery.process.delivery_nice` resolves by the backend)."""
+    :func:`mailsvc.delivery.process.delivery_nice` resolves)."""
     if value.strip().lower() == "auto":
         return None
     return _within(value, int, 0, 19, "auto, or a whole number from 0 to 19")
@@ -341,9 +341,8 @@ SETTINGS: tuple[Setting, ...] = (
         "How much lower the process that delivers runs than those that answer clients (a "
         "nice value, added to theirs): on a busy machine, requests and SMTP transactions are "
         "answered first and delivery has the CPU they leave; a burst is delivered as soon, a "
-        "load that never lets up leaves mail queued until it does. `auto`: 10 on SQLite, 0 "
-        "on PostgreSQL, where delivery, not the accepts, bounds what a host relays (see "
-        "Performance). 0: the same priority. Threads that deliver inside a worker "
+        "load that never lets up leaves mail queued until it does. `auto`: 10, on either "
+        "backend (see Performance). 0: the same priority. Threads that deliver inside a worker "
         "(MAILSVC_DELIVERY_PROCESS=false, one submission process) keep the worker's.",
         _nice,
     ),

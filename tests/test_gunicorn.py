@@ -187,11 +187,10 @@ def test_the_delivering_process_runs_below_the_workers(served_tenant, sink):
     among them) runs that many nice steps below the master, but on SQLite the one that commits
     its writes (so that it holds the write lock, which requests wait for, only while it works);
     the workers and the supervisor do not. 0: all at the master's. ``auto`` (the default): 10
-    on SQLite, 0 on PostgreSQL."""
+    on either backend."""
     path, _, _, headers = served_tenant
     own = os.getpriority(os.PRIO_PROCESS, 0)  # (the master's: it inherits it from this one)
-    auto = 0 if path.startswith("postgresql://") else 10
-    for setting, nice in (("7", 7), ("0", 0), (None, auto)):
+    for setting, nice in (("7", 7), ("0", 0), (None, 10)):
         chosen = {"MAILSVC_DELIVERY_NICE": setting} if setting is not None else {}
         server = Gunicorn(
             {"MAILSVC_DATABASE": path, "MAILSVC_SMTP_URL": sink.url, **chosen}, workers=2

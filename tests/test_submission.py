@@ -1243,11 +1243,10 @@ def test_several_processes_share_one_socket_and_stop_together(deployment):
         cores = {pid: cores_of(pid) for pid in children}
         assert [len(found) for found in cores.values()] == [1, 1]
         assert cores[min(children)] != cores[max(children)] and cores_of(deliverer) == usable
-    own = os.getpriority(os.PRIO_PROCESS, 0)  # (MAILSVC_DELIVERY_NICE: auto, by the backend)
+    own = os.getpriority(os.PRIO_PROCESS, 0)  # (MAILSVC_DELIVERY_NICE: auto, 10)
     postgres = deployment.database.startswith("postgresql://")
-    below = 0 if postgres else 10
     backend = "postgresql" if postgres else "sqlite"  # (on SQLite its store's thread: at own)
-    assert lowered_but_its_store(deliverer, own, min(19, own + below), backend)
+    assert lowered_but_its_store(deliverer, own, min(19, own + 10), backend)
     assert [niceness_of(pid) for pid in children] == [{own}, {own}]
     sessions = [logged_in(deployment, tenant, server) for _ in range(8)]
     ids = [

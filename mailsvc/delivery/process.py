@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ..ops import cores
-from ..store import POSTGRES_SCHEMES
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -73,18 +72,17 @@ def helper_roles(count: int) -> list[str]:
     return [f"delivery: backlog helper {number}" for number in range(1, count + 1)]
 
 
-#: ``MAILSVC_DELIVERY_NICE=auto``: on SQLite, the accepts of a busy host come first; on
-#: PostgreSQL delivery bounds what a host relays, and keeps its share (see docs/performance.md).
-AUTO_NICE = {"sqlite": 10, "postgresql": 0}
+#: ``MAILSVC_DELIVERY_NICE=auto``: the accepts of a busy host come first, on either backend
+#: (see docs/performance.md: delivery then sends longer runs, for less an email).
+AUTO_NICE = 10
 
 
 def delivery_nice(settings: Settings) -> int:
-    """The nice steps of the delivering process: MAILSVC_DELIVERY_NICE, or for ``auto`` the
-    one of the backend MAILSVC_DATABASE names."""
+    """The nice steps of the delivering process: MAILSVC_DELIVERY_NICE, or :data:`AUTO_NICE`
+    for ``auto``."""
     if settings.delivery_nice is not None:
         return int(settings.delivery_nice)
-    postgres = settings.database.startswith(POSTGRES_SCHEMES)
-    return AUTO_NICE["postgresql" if postgres else "sqlite"]
+    return AUTO_NICE
 
 
 def delivery_helpers(settings: Settings) -> int:
