@@ -152,6 +152,9 @@ def test_a_helper_claims_nothing_while_mail_is_being_queued(accepting, sink):
     working, done = helper(app, SERVICE_LOOK)
     queueing = Queueing(app, tenant)
     queueing.start()
+    # (mail is being queued before the helper first looks: a thread's first email, on a
+    # machine busy starting other tests, once took longer than a look)
+    wait_until(lambda: len(queueing.ids) >= 2, 10, "queueing")
     working.start()
     try:
         time.sleep(8 * SERVICE_LOOK)
