@@ -132,6 +132,29 @@ def test_a_commit_reports_how_long_its_jobs_waited_and_how_long_it_held_the_stor
     assert store.reads.get_account(payer).credits == 2
 
 
+def test_jobs_of_one_batch_spend_an_account_s_credit_and_tokens_exactly(open_test_store):
+    """Many threads of one store, so that its writer commits their jobs in batches (where the
+    backend holds them back, a batch's debits of one account and takes of one bucket go as one
+    statement): each job still gets its own outcome, and no credit or token is spent twice or
+    lost."""
+    store = open_test_store()
+    payer = account(store, credits=50)
+    batches: list[int] = []
+    store.on_commit = lambda waits, held: batches.append(len(waits))
+
+    def spend(tx: Any) -> None:
+        tx.spend_credits(payer, 1)
+        tx.spend_token(payer, "send", 60, 1000.0)
+
+    results = race([store] * 16, lambda s, _: s.write(spend), rounds=6)
+    assert results.count(None) == 50
+    assert all(isinstance(result, CreditExhausted) for result in results if result is not None)
+    assert store.reads.get_account(payer).credits == 0
+    own, bucket = store.reads.get_bucket(payer, "send")
+    assert bucket is not None and bucket[0] == pytest.approx(60 - 50)
+    assert max(batches) > 1  # (batches were made)
+
+
 def test_credit_added_concurrently_all_counts(stores):
     payer = account(stores[0], credits=0)
     race(stores, lambda s, _: s.write(lambda tx: tx.add_credits(payer, 3)), rounds=10)

@@ -56,17 +56,7 @@ class AccountVerbs:
         return row[0] if row else None
 
     def spend_credits(self, account_id: str, amount: int) -> None:
-        # Unconditional: the table's CHECK (credits >= 0) refuses an overdraft, so that the
-        # statement can travel with the COMMIT (see Writes.spend_credits).
-        self.contended(
-            Contended(
-                "UPDATE accounts SET credits = credits - ? WHERE id = ?",
-                (amount, account_id),
-                CREDITS_CHECK,
-                lambda: CreditExhausted(amount),
-                row=("accounts", account_id),
-            )
-        )
+        self.contended(_debit(account_id, amount))
 
     # -- rate limits ---------------------------------------------------------------------
 
@@ -126,20 +116,57 @@ class AccountVerbs:
         return f"{least}(?, rate_buckets.tokens + {greatest}(0, ? - rate_buckets.updated_at) * ?)"
 
     def spend_token(self, account_id: str, route_group: str, per_minute: int, now: float) -> None:
-        # A bucket holds at most per_minute tokens and refills at per_minute/60 a second. The
-        # refill and the take are one upsert (every SET sees the row as it was), and the
-        # table's CHECK (tokens >= 0) refuses a take from an empty bucket.
-        greatest = self.dialect.greatest
-        capacity = float(per_minute)
-        self.contended(
-            Contended(
-                f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
-                f"VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE SET "
-                f"tokens = {self._refilled()} - 1, "
-                f"updated_at = {greatest}(rate_buckets.updated_at, ?)",
-                (account_id, route_group, capacity - 1.0, now, capacity, now, capacity / 60, now),
-                TOKENS_CHECK,
-                TokenExhausted,
-                row=("rate_buckets", account_id, route_group),
-            )
+        self.contended(self._take(account_id, route_group, float(per_minute), now, 1))
+
+    def _take(
+        self, account_id: str, route_group: str, capacity: float, now: float, count: int
+    ) -> Contended:
+        """``count`` tokens taken from a bucket of ``capacity`` at ``now``. A bucket holds at
+        most ``capacity`` tokens and refills at ``capacity / 60`` a second. The refill and the
+        take are one upsert (every SET sees the row as it was), and the table's CHECK (tokens
+        >= 0) refuses a take from an empty bucket. Takes of one bucket add up: as one, at the
+        later's time (a bucket refilled to then, a refill between them capped at most once)."""
+
+        def after(earlier: Contended) -> Contended | None:
+            if earlier.adds[2] != capacity:  # (the limit changed between the two reads)
+                return None
+            taken, at = int(earlier.adds[0]), earlier.adds[1]
+            return self._take(account_id, route_group, capacity, max(now, at), taken + count)
+
+        return Contended(
+            f"INSERT INTO rate_buckets (account_id, route_group, tokens, updated_at) "
+            f"VALUES (?, ?, ?, ?) ON CONFLICT (account_id, route_group) DO UPDATE SET "
+            f"tokens = {self._refilled()} - ?, "
+            f"updated_at = {self.dialect.greatest}(rate_buckets.updated_at, ?)",
+            (
+                account_id,
+                route_group,
+                capacity - count,
+                now,
+                capacity,
+                now,
+                capacity / 60,
+                count,
+                now,
+            ),  # fmt: skip
+            TOKENS_CHECK,
+            TokenExhausted,
+            row=("rate_buckets", account_id, route_group),
+            adds=(count, now, capacity),
+            after=after,
         )
+
+
+def _debit(account_id: str, amount: int) -> Contended:
+    """``amount`` credits spent. Unconditional: the table's CHECK (credits >= 0) refuses an
+    overdraft, so that the statement can travel with the COMMIT (see Writes.spend_credits).
+    Debits of one account add up."""
+    return Contended(
+        "UPDATE accounts SET credits = credits - ? WHERE id = ?",
+        (amount, account_id),
+        CREDITS_CHECK,
+        lambda: CreditExhausted(amount),
+        row=("accounts", account_id),
+        adds=(amount,),
+        after=lambda earlier: _debit(account_id, int(earlier.adds[0]) + amount),
+    )

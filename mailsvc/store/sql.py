@@ -82,12 +82,33 @@ class Contended:
     refusal: Callable[[], Exception]
     #: The row it locks: its table, then its key.
     row: tuple[str, ...] = ()
+    #: Where such statements add up (a debit, a take of tokens): what this one adds (an
+    #: amount; a take's time too), and the one statement that does this one's work after
+    #: ``earlier``'s, or None where the two cannot be one.
+    adds: tuple[float, ...] = ()
+    after: Callable[[Contended], Contended | None] | None = None
 
 
 def in_row_order(held_back: Sequence[Contended]) -> list[Contended]:
     """The held-back statements in the order of their rows (of one row, in the order they were
-    made)."""
-    return sorted(held_back, key=lambda statement: statement.row)
+    made), statements of one row that add up, one after the other, sent as one: a batch of an
+    account's emails debits its credit once and takes its tokens once. Each is a change of
+    the row (a new version of it, an executor's start and end on the server): four of a batch
+    of 4 emails' 16 statements. Where the one is refused, so would one of them be (the
+    account's credit, or its bucket, short of the total), and the writer does each job again
+    alone."""
+    joined: list[Contended] = []
+    for statement in sorted(held_back, key=lambda statement: statement.row):
+        earlier = joined[-1] if joined else None
+        one = None
+        if statement.after is not None and earlier is not None:
+            if earlier.row == statement.row and earlier.sql == statement.sql:
+                one = statement.after(earlier)
+        if one is None:
+            joined.append(statement)
+        else:
+            joined[-1] = one
+    return joined
 
 
 def migration_scripts(backend: str) -> list[Traversable]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -100,12 +100,15 @@ class SqlVerbs(
             (*params, rule, rows),
         )
 
-    def refusal_of(self, rule: str | None) -> Exception | None:
+    def refusal_of(
+        self, rule: str | None, sent: Sequence[Contended] | None = None
+    ) -> Exception | None:
         """What the transaction is refused with, for a check violation of ``rule``: a rule of
-        :meth:`refuse_unless`, or the constraint of a held-back statement; None: neither."""
+        :meth:`refuse_unless`, or the constraint of a held-back statement (of ``sent``, the
+        held-back statements as sent, where they were sent joined); None: neither."""
         if rule in self.refusals:
             return self.refusals[rule]()
-        for statement in self.held_back:
+        for statement in self.held_back if sent is None else sent:
             if statement.constraint == rule:
                 return statement.refusal()
         return None

@@ -770,13 +770,14 @@ def _commit(opened: _Connection, verbs: SqlVerbs) -> None:
     connection, held_back = opened._connection, verbs.held_back
     counts = verbs.held_count_statements()
     statements = opened.waiting()
-    statements += [Statement(each.sql, each.params) for each in in_row_order(held_back)]
+    sent_back = in_row_order(held_back)
+    statements += [Statement(each.sql, each.params) for each in sent_back]
     statements += [Statement(sql, params) for sql, params in counts]
     try:
         opened.wire.send([*statements, utility("COMMIT")])
     except errors.CheckViolation as exc:
         _roll_back(connection)
-        refusal = verbs.refusal_of(exc.diag.constraint_name)
+        refusal = verbs.refusal_of(exc.diag.constraint_name, sent_back)
         if refusal is None:
             raise
         raise refusal from None
