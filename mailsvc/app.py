@@ -5,7 +5,9 @@ before the caller is known:
 
 1. route (404/405);
 2. API key (401) and rate limit (429): one read of the store (none for a malformed header)
-   finds the key and the state of its bucket;
+   finds the key and the state of its bucket (a request that writes may use what this process
+   read of them within ``MAILSVC_CALLER_CACHE_SECONDS``: its write confirms the key; see
+   ``http.callers``);
 3. input (400/413/415): only now is the body read, and parsed strictly (a body over the
    ordinary limit first needs one of the process's few places for large bodies: 429/503);
 4. key scope, and what the key may do with these arguments (its sender domain) (403);
@@ -42,17 +44,18 @@ from .api.writes import Wakers, Written, carry_out
 from .dashboard.site import Dashboard
 from .delivery import DeliveryPool
 from .delivery.backlog import Backlog, Helper
-from .errors import RateLimited, ServiceError, render_error
+from .errors import NotAuthenticated, RateLimited, ServiceError, render_error
 from .http import access_log as access
 from .http import idempotency
 from .http.auth import (
     Principal,
-    authenticate,
     check_bearer,
     principal_of,
     read_token,
     require_scope,
+    verified,
 )
+from .http.callers import Callers
 from .http.endpoints import Endpoint
 from .http.idempotency import Claim
 from .http.inputs import AUTHENTICATED, Input, check_document, discard_unread_body, read_input
@@ -66,7 +69,7 @@ from .ops.retention import Purger
 from .ops.version import installed
 from .routes import URL_MAP
 from .settings import Settings, load_settings
-from .store import Store, StoreOutage, open_configured_store
+from .store import Store, StoreOutage, SuppressionsAdded, open_configured_store
 from .webhooks.pool import WebhookPool
 
 
@@ -83,6 +86,7 @@ class MailService:
         self.store: Store = open_configured_store(settings)
         self.schemas = Schemas()
         self.deps = build_dependencies(settings, clock, self.store)
+        self.callers = Callers(settings.caller_cache_seconds)
         self.webhooks = WebhookPool(
             self.store, settings, clock, self.deps.dns, self.deps.webhook_secrets
         )
@@ -190,16 +194,42 @@ class MailService:
             raise  # no token can be taken either: the store cannot be used
         except (ServiceError, HTTPException) as exc:
             limited = isinstance(exc, RateLimited)
-            response = render_error(exc)
+            response = render_error(self._unless_revoked(admission, exc))
         # The one place the request's token is taken, whatever came of it (unless the write
         # that applied its change took it): a refusal counts against the rate limit too. A
         # request refused for its rate limit takes none, but pays for its templates' CPU.
         try:
             self.deps.limiter.settle(self.store, admission, limited)
         except RateLimited as exc:  # the last token went to another request meanwhile
+            limited = True
             response = render_error(exc)
+        self._settled(admission, limited)
         response.headers.update(self.deps.limiter.headers(admission))
         return response
+
+    def _unless_revoked(self, admission: Admission, refusal: Exception) -> Exception:
+        """A refusal of a request whose key was not read live, unless the key is revoked
+        meanwhile: then 401, as a live read would have answered (nothing was written)."""
+        if admission.read_live:
+            return refusal
+        key_id = admission.principal.key_id
+        if not isinstance(refusal, NotAuthenticated):  # (else its write found it revoked)
+            key = self.store.reads.get_api_key(key_id)
+            if key is not None and not key.revoked:
+                return refusal
+            refusal = NotAuthenticated("Authorization: unknown or revoked API key")
+        self.callers.forget(key_id, admission.group)
+        return refusal
+
+    def _settled(self, admission: Admission, limited: bool) -> None:
+        """What this process remembers of the caller, as the request leaves it: its bucket
+        one token lighter; read live next time where the request found the bucket empty."""
+        principal, group = admission.principal, admission.group
+        if limited:
+            self.callers.forget(principal.key_id, group)
+        elif admission.taken:
+            touched = admission.touched
+            self.callers.took(principal.key_id, group, admission.per_minute, admission.now, touched)
 
     def _public(self, request: Request, endpoint: Endpoint) -> Response:
         """A route without an API key or a rate limit; metrics ask for their own token."""
@@ -213,12 +243,19 @@ class MailService:
         return _json_response(json.dumps(data), endpoint.status)
 
     def _admit(self, request: Request, endpoint: Endpoint, now: float) -> Admission:
-        """Who is asking (401), and whether they may ask now (429): one read of the store."""
+        """Who is asking (401), and whether they may ask now (429): one read of the store, or
+        for a write, what this process read of the key lately (see :mod:`.http.callers`)."""
         token = read_token(request.headers.get("Authorization"))
-        principal, caller = authenticate(token, self.store.reads, endpoint.rate_group)
+        group = endpoint.rate_group
+        found, live = self.callers.caller(self.store.reads, token.key_id, group, endpoint.writes)
+        principal, caller = verified(token, found)
+        if live:
+            self.callers.remember(token.key_id, group, caller)
         request.environ[AUTHENTICATED] = True
         request.environ[access.ACCOUNT] = principal.account_id
-        return self.deps.limiter.admit(caller, principal, endpoint.rate_group, now)
+        admission = self.deps.limiter.admit(caller, principal, group, now)
+        admission.read_live = live
+        return admission
 
     def _respond(
         self, request: Request, endpoint: Endpoint, matched: Mapping[str, Any], admission: Admission
@@ -238,7 +275,11 @@ class MailService:
         admit_large = partial(self.deps.limiter.admit_large_body, self.store.reads, admission)
         given = read_input(request, endpoint, self.schemas, self.settings, admit_large)
         claim = self._claim(request, admission.principal, given, admission.now)
-        written = self._perform(endpoint, matched, given, admission, claim)
+        try:
+            written = self._perform(endpoint, matched, given, admission, claim)
+        except SuppressionsAdded:  # since the key was read: prepared again from a live read
+            self._read_live(admission)
+            written = self._perform(endpoint, matched, given, admission, claim)
         if written.replayed:
             return _json_response(written.body, written.status, {"Idempotent-Replayed": "true"})
         if written.accepted:
@@ -265,8 +306,27 @@ class MailService:
                 data = endpoint.handler(view, caller, self.deps, **arguments)
             return Written(endpoint.status, json.dumps(data))
         return carry_out(
-            self.store, self.deps, self.wakers, endpoint, caller, admission, arguments, claim
+            self.store,
+            self.deps,
+            self.wakers,
+            endpoint,
+            caller,
+            admission,
+            arguments,
+            claim,
+            key_read_before=admission.read_live,
         )
+
+    def _read_live(self, admission: Admission) -> None:
+        """The admission's caller read live again (its rate limit's look stays as made).
+
+        :raises NotAuthenticated: the key is revoked meanwhile.
+        """
+        principal = admission.principal
+        self.callers.forget(principal.key_id, admission.group)
+        fresh, caller = principal_of(self.store.reads.get_caller(principal.key_id, admission.group))
+        self.callers.remember(principal.key_id, admission.group, caller)
+        admission.principal, admission.read_live = fresh, True
 
     def act(
         self,

@@ -719,6 +719,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rate_send_per_minute", 100, "Rate limit of `POST /v1/emails`.", _positive_int),
     Setting("rate_list_per_minute", 300, "Rate limit of `GET /v1/emails...`.", _positive_int),
     Setting("rate_other_per_minute", 60, "Rate limit of every other endpoint.", _positive_int),
+    Setting(
+        "caller_cache_seconds",
+        1.0,
+        "How long a process uses what it read of an API key (its account's rate limit and "
+        "bucket, whether it suppresses anyone) for further requests that write: their write "
+        "confirms the key live, so a revoked key writes nothing, and a suppression added "
+        "since is honoured; a change of an account's own rate limit applies within this. 0: "
+        "every request reads its key (one more round trip a request on PostgreSQL).",
+        lambda value: _within(value, float, 0.0, 60.0, "seconds, from 0 to 60"),
+    ),
 )
 
 _BY_NAME = {setting.name: setting for setting in SETTINGS}

@@ -23,11 +23,13 @@ from mailsvc.store import (
     DomainExists,
     DomainTaken,
     EmailFilter,
+    KeyRevoked,
     LeaseLost,
     NewEmail,
     NewRecipient,
     Recipient,
     Store,
+    SuppressionsAdded,
     TokenExhausted,
     tokens_at,
 )
@@ -153,6 +155,43 @@ def test_jobs_of_one_batch_spend_an_account_s_credit_and_tokens_exactly(open_tes
     own, bucket = store.reads.get_bucket(payer, "send")
     assert bucket is not None and bucket[0] == pytest.approx(60 - 50)
     assert max(batches) > 1  # (batches were made)
+
+
+def test_a_write_that_confirms_a_key_revoked_by_another_store_keeps_nothing(stores):
+    owner = account(stores[0], credits=0)
+    for key_id in ("key_live", "key_revoked"):
+        stores[0].write(lambda tx, k=key_id: tx.create_api_key(k, owner, b"hash", "full", 0.0))
+    stores[1].write(lambda tx: tx.revoke_api_key("key_revoked", 1.0))
+
+    def confirmed(store: Store, number: int) -> Any:
+        key_id = "key_revoked" if number % 2 else "key_live"
+
+        def job(tx: Any) -> None:
+            tx.confirm_key(key_id)
+            tx.add_credits(owner, 1)
+
+        return store.write(job)
+
+    results = race(stores, confirmed, rounds=5)
+    assert results.count(None) == RACERS // 2 * 5
+    assert sum(isinstance(r, KeyRevoked) for r in results) == RACERS // 2 * 5
+    assert stores[0].reads.get_account(owner).credits == RACERS // 2 * 5
+
+
+def test_a_write_that_confirms_nobody_suppressed_is_refused_once_somebody_is(stores):
+    owner = account(stores[0], credits=0)
+    stores[0].write(lambda tx: tx.create_api_key("key_1", owner, b"hash", "full", 0.0))
+
+    def job(tx: Any, nobody_suppressed: bool = True) -> None:
+        tx.confirm_key("key_1", nobody_suppressed=nobody_suppressed)
+        tx.add_credits(owner, 1)
+
+    stores[0].write(job)
+    stores[1].write(lambda tx: tx.add_suppression(owner, "gone@example.org", "manual", None, None, 2.0))
+    with pytest.raises(SuppressionsAdded):
+        stores[0].write(job)
+    stores[0].write(lambda tx: job(tx, nobody_suppressed=False))  # (the key is live)
+    assert stores[0].reads.get_account(owner).credits == 2
 
 
 def test_credit_added_concurrently_all_counts(stores):

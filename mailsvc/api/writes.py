@@ -22,7 +22,7 @@ from ..http.endpoints import Endpoint
 from ..http.idempotency import Claim, Replay
 from ..limits.ratelimit import Admission
 from ..ops import metrics
-from ..store import CreditExhausted, Store, TokenExhausted, Writes
+from ..store import CreditExhausted, KeyRevoked, Store, TokenExhausted, Writes
 from .change import Change
 from .dependencies import Dependencies
 
@@ -30,6 +30,8 @@ from .dependencies import Dependencies
 #: never in a batch of others' (PostgreSQL; see ``Store.write``): other accounts' writes never
 #: wait for it. Transactional mail is mostly a few KB.
 ALONE_BYTES = 256 * 1024
+
+_REVOKED = "Authorization: unknown or revoked API key"
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,20 @@ def carry_out(
     """Carry out a write endpoint for ``caller``, whose input and permits were checked.
 
     :param key_read_before: the caller's key was read live with this request. When not (an
-        SMTP message whose MAIL was answered from what the session read earlier), the write
-        finds it live in its own transaction first, and writes nothing for a revoked key.
+        SMTP message whose MAIL was answered from what the session read earlier; a request
+        whose caller this process remembered, see :mod:`mailsvc.http.callers`), the write
+        confirms it live in its own transaction, and writes nothing for a revoked key; and
+        where the caller was read as suppressing nobody (a request's, not a session's: a
+        session looks its recipients up at ``RCPT``), nothing either if its account
+        suppresses somebody now (:class:`~mailsvc.store.SuppressionsAdded`: the caller
+        prepares the write again, from a live read).
     :raises ServiceError: the handler's or the change's refusal (nothing was written), or
         :class:`~mailsvc.errors.RateLimited` when another request took the last token, or
         :class:`~mailsvc.errors.NotAuthenticated` when the key was found revoked.
+    :raises SuppressionsAdded: see ``key_read_before``.
     """
+    # (A session's caller, read live at its start, need not be: it looks recipients up.)
+    confirm_nobody_suppressed = not admission.read_live and not caller.suppresses
     try:
         change: Change = endpoint.handler(store.reads, caller, deps, **arguments)
     except ServiceError:
@@ -84,15 +94,15 @@ def carry_out(
         raise
     body = json.dumps(change.answer)
     if claim is None and change.apply is None:  # nothing to write (a render)
+        if not key_read_before:
+            _confirm_read(store, caller)
         return Written(endpoint.status, body)
     kept = body if change.replayed is None else json.dumps(change.replayed)
     limiter = deps.limiter
 
     def apply(tx: Writes) -> Replay | None:
         if not key_read_before:
-            key = tx.get_api_key(caller.key_id)
-            if key is None or key.revoked:
-                raise NotAuthenticated("Authorization: unknown or revoked API key")
+            tx.confirm_key(caller.key_id, nobody_suppressed=confirm_nobody_suppressed)
         earlier = idempotency.claim(tx, claim, endpoint.status, kept) if claim else None
         if earlier is None and change.apply is not None:
             change.apply(tx)
@@ -106,6 +116,8 @@ def carry_out(
         replay = store.write(apply, alone=change.written_bytes > ALONE_BYTES)
     except TokenExhausted:
         raise limiter.refusal(store.reads, admission) from None
+    except KeyRevoked:
+        raise NotAuthenticated(_REVOKED) from None
     except CreditExhausted as exc:
         account = store.reads.get_account(caller.account_id)
         available = account.credits if account else 0
@@ -120,3 +132,13 @@ def carry_out(
     if change.wakes_webhooks:
         wakers.webhooks()
     return Written(endpoint.status, body, accepted=change.accepted)
+
+
+def _confirm_read(store: Store, caller: Principal) -> None:
+    """A key not read live with its request, read now, where nothing is written to confirm it.
+
+    :raises NotAuthenticated: it is revoked.
+    """
+    key = store.reads.get_api_key(caller.key_id)
+    if key is None or key.revoked:
+        raise NotAuthenticated(_REVOKED)

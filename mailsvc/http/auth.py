@@ -95,7 +95,14 @@ def authenticate(token: Token, reads: Reads, route_group: str) -> tuple[Principa
 
     :raises NotAuthenticated: it names no live key, or the secret is wrong.
     """
-    caller = reads.get_caller(token.key_id, route_group)
+    return verified(token, reads.get_caller(token.key_id, route_group))
+
+
+def verified(token: Token, caller: Caller | None) -> tuple[Principal, Caller]:
+    """The principal of a token whose key the store gave as ``caller`` (None: no such key).
+
+    :raises NotAuthenticated: there is no such key, it is revoked, or the secret is wrong.
+    """
     key = caller.key if caller is not None else None
     if key is None or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
         raise NotAuthenticated("Authorization: unknown or revoked API key")

@@ -42,6 +42,11 @@ class Admission:
     taken: bool = False
     #: Its body, if large, charged with its token (:mod:`.large_body`).
     large_body: large_body.Admitted | None = None
+    #: Its key was read live with it; else remembered from an earlier request (see
+    #: :mod:`mailsvc.http.callers`), and its write confirms the key.
+    read_live: bool = True
+    #: Its take notes the key used (once a minute).
+    touched: bool = False
 
 
 class RateLimiter:
@@ -97,7 +102,8 @@ class RateLimiter:
         """
         principal, now = admission.principal, admission.now
         last_used = principal.last_used_at
-        if last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS:
+        admission.touched = last_used is None or last_used < now - LAST_USED_PRECISION_SECONDS
+        if admission.touched:
             tx.touch_api_key(principal.key_id, now)
         tx.spend_token(principal.account_id, admission.group, admission.per_minute, now)
         _charge(tx, admission)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .contract import KeyRevoked, SuppressionsAdded
 from .records import ApiKey, Caller
-from .sql import Connection, page_bound
+from .sql import Connection, Dialect, page_bound
 
 _COLUMNS = (
     "api_keys.id, api_keys.account_id, api_keys.secret_hash, api_keys.scope, "
@@ -16,10 +17,21 @@ _COLUMNS = (
 #: ``last_used_at`` is written at most this often, so a busy key does not add a write a request.
 LAST_USED_PRECISION_SECONDS = 60.0
 
+#: The rules of :meth:`KeyVerbs.confirm_key`.
+KEY_LIVE = "api_key_live"
+NOBODY_SUPPRESSED = "nobody_suppressed"
+_LIVE = "EXISTS (SELECT 1 FROM api_keys WHERE id = ? AND revoked_at IS NULL)"
+_NOBODY = (
+    "NOT EXISTS (SELECT 1 FROM suppressions WHERE account_id = "
+    "(SELECT account_id FROM api_keys WHERE id = ?))"
+)
+
 
 class KeyVerbs:
     connection: Connection
+    dialect: Dialect
     run: Callable[..., None]
+    refuse_unless: Callable[..., tuple[str, tuple[Any, ...]]]
 
     def create_api_key(
         self,
@@ -54,6 +66,25 @@ class KeyVerbs:
             return None
         bucket = (row[11], row[12]) if row[11] is not None else None
         return Caller(_key(row), row[10], bucket, bool(row[13]))
+
+    def confirm_key(self, key_id: str, nobody_suppressed: bool = False) -> None:
+        """See :meth:`Writes.confirm_key`. Where statements wait (PostgreSQL), a statement whose
+        answer nobody reads, refusing the transaction where a rule breaks; else a read."""
+        if not self.dialect.queues_statements:
+            row = self.connection.execute(f"SELECT {_LIVE}, {_NOBODY}", (key_id, key_id)).fetchone()
+            assert row is not None
+            if not row[0]:
+                raise KeyRevoked(key_id)
+            if nobody_suppressed and not row[1]:
+                raise SuppressionsAdded(key_id)
+            return
+        live, params = self.refuse_unless(_LIVE, (key_id,), KEY_LIVE, lambda: KeyRevoked(key_id))
+        if nobody_suppressed:
+            nobody, more = self.refuse_unless(
+                _NOBODY, (key_id,), NOBODY_SUPPRESSED, lambda: SuppressionsAdded(key_id)
+            )
+            live, params = f"{live} AND {nobody}", (*params, *more)
+        self.run(f"SELECT 1 WHERE {live}", params)
 
     def get_api_key(self, key_id: str) -> ApiKey | None:
         row = self.connection.execute(

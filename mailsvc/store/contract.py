@@ -85,6 +85,15 @@ class TokenExhausted(Exception):
     """The rate-limit bucket has no token left: none was taken."""
 
 
+class KeyRevoked(Exception):
+    """The API key a write was asked with is revoked (or gone): nothing was written."""
+
+
+class SuppressionsAdded(Exception):
+    """A write was prepared on the understanding that its account suppresses no address, and
+    it now suppresses some: nothing was written (prepare it again from a live read)."""
+
+
 class Reads(Protocol):
     """What may be read. A read sees only committed data and never waits for a writer."""
 
@@ -329,6 +338,15 @@ class Writes(Reads, Protocol):
 
     def touch_api_key(self, key_id: str, now: float) -> None:
         """Note that the key was used (at most once a minute is written)."""
+        ...
+
+    def confirm_key(self, key_id: str, nobody_suppressed: bool = False) -> None:
+        """The key is live (and, with ``nobody_suppressed``, its account suppresses no
+        address), as this transaction commits: else the transaction is refused whole, with
+        :class:`KeyRevoked` (or :class:`SuppressionsAdded`), at once or with whatever statement
+        or the COMMIT next goes (as :meth:`enqueue_email_or_refuse`). For a write asked with
+        what an earlier read of the key said, so that a key revoked (or a suppression added)
+        since writes nothing: it waits for no answer of its own."""
         ...
 
     # -- dashboard sessions -----------------------------------------------------------------
