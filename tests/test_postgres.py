@@ -397,7 +397,9 @@ def test_an_accept_waits_on_postgresql_once(postgres_database, remembered):
         operator.add_suppression(app.store, tenant.id, "gone@example.org")
         to_both = email_body(to=["alice@example.org", "gone@example.org"])
         if remembered:  # (remembered as suppressing nobody: its write refuses, then read live)
-            assert client.post("/v1/emails", json=to_both, headers=tenant.headers).status_code == 200
+            assert (
+                client.post("/v1/emails", json=to_both, headers=tenant.headers).status_code == 200
+            )
         assert max(trips(to_both)) <= 3 + read
         sent = client.post("/v1/emails", json=to_both, headers=tenant.headers).get_json()
         shown = client.get(f"/v1/emails/{sent['id']}", headers=tenant.headers).get_json()

@@ -187,7 +187,9 @@ def test_a_write_that_confirms_nobody_suppressed_is_refused_once_somebody_is(sto
         tx.add_credits(owner, 1)
 
     stores[0].write(job)
-    stores[1].write(lambda tx: tx.add_suppression(owner, "gone@example.org", "manual", None, None, 2.0))
+    stores[1].write(
+        lambda tx: tx.add_suppression(owner, "gone@example.org", "manual", None, None, 2.0)
+    )
     with pytest.raises(SuppressionsAdded):
         stores[0].write(job)
     stores[0].write(lambda tx: job(tx, nobody_suppressed=False))  # (the key is live)
