@@ -148,7 +148,7 @@ class AccountVerbs:
                 capacity / 60,
                 count,
                 now,
-            ),  # fmt: skip
+            ),
             TOKENS_CHECK,
             TokenExhausted,
             row=("rate_buckets", account_id, route_group),
