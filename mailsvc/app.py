@@ -52,6 +52,7 @@ from .http.auth import (
     check_bearer,
     principal_of,
     read_token,
+    require_live,
     require_scope,
     verified,
 )
@@ -214,10 +215,11 @@ class MailService:
             return refusal
         key_id = admission.principal.key_id
         if not isinstance(refusal, NotAuthenticated):  # (else its write found it revoked)
-            key = self.store.reads.get_api_key(key_id)
-            if key is not None and not key.revoked:
+            try:
+                require_live(self.store.reads, key_id)
                 return refusal
-            refusal = NotAuthenticated("Authorization: unknown or revoked API key")
+            except NotAuthenticated as exc:
+                refusal = exc
         self.callers.forget(key_id, admission.group)
         return refusal
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InsufficientCredit, NotAuthenticated, ServiceError
+from ..errors import InsufficientCredit, ServiceError
 from ..http import idempotency
-from ..http.auth import Principal
+from ..http.auth import Principal, require_live, revoked
 from ..http.endpoints import Endpoint
 from ..http.idempotency import Claim, Replay
 from ..limits.ratelimit import Admission
@@ -30,8 +30,6 @@ from .dependencies import Dependencies
 #: never in a batch of others' (PostgreSQL; see ``Store.write``): other accounts' writes never
 #: wait for it. Transactional mail is mostly a few KB.
 ALONE_BYTES = 256 * 1024
-
-_REVOKED = "Authorization: unknown or revoked API key"
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ def carry_out(
     body = json.dumps(change.answer)
     if claim is None and change.apply is None:  # nothing to write (a render)
         if not key_read_before:
-            _confirm_read(store, caller)
+            require_live(store.reads, caller.key_id)
         return Written(endpoint.status, body)
     kept = body if change.replayed is None else json.dumps(change.replayed)
     limiter = deps.limiter
@@ -117,7 +115,7 @@ def carry_out(
     except TokenExhausted:
         raise limiter.refusal(store.reads, admission) from None
     except KeyRevoked:
-        raise NotAuthenticated(_REVOKED) from None
+        raise revoked() from None
     except CreditExhausted as exc:
         account = store.reads.get_account(caller.account_id)
         available = account.credits if account else 0
@@ -132,13 +130,3 @@ def carry_out(
     if change.wakes_webhooks:
         wakers.webhooks()
     return Written(endpoint.status, body, accepted=change.accepted)
-
-
-def _confirm_read(store: Store, caller: Principal) -> None:
-    """A key not read live with its request, read now, where nothing is written to confirm it.
-
-    :raises NotAuthenticated: it is revoked.
-    """
-    key = store.reads.get_api_key(caller.key_id)
-    if key is None or key.revoked:
-        raise NotAuthenticated(_REVOKED)

@@ -24,6 +24,7 @@ SENDING = "sending"
 SCOPES = (FULL, SENDING)
 
 _TOKEN = re.compile(r"ms_([a-z2-7]{26})_([a-z2-7]{52})")
+_UNKNOWN = "Authorization: unknown or revoked API key"
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def verified(token: Token, caller: Caller | None) -> tuple[Principal, Caller]:
     """
     key = caller.key if caller is not None else None
     if key is None or not hmac.compare_digest(key.secret_hash, _hash(token.secret)):
-        raise NotAuthenticated("Authorization: unknown or revoked API key")
+        raise revoked()
     return principal_of(caller)
 
 
@@ -117,12 +118,27 @@ def principal_of(caller: Caller | None) -> tuple[Principal, Caller]:
     """
     key = caller.key if caller is not None else None
     if key is None or key.revoked:
-        raise NotAuthenticated("Authorization: unknown or revoked API key")
+        raise revoked()
     assert caller is not None
     principal = Principal(
         key.account_id, key.id, key.scope, key.domain, key.last_used_at, caller.suppresses
     )
     return principal, caller
+
+
+def revoked() -> NotAuthenticated:
+    """The 401 of a key that is unknown, revoked, or presented with the wrong secret."""
+    return NotAuthenticated(_UNKNOWN)
+
+
+def require_live(reads: Reads, key_id: str) -> None:
+    """A key that was not read with its request (see :mod:`.callers`), read now.
+
+    :raises NotAuthenticated: it is unknown or revoked.
+    """
+    key = reads.get_api_key(key_id)
+    if key is None or key.revoked:
+        raise revoked()
 
 
 def check_bearer(authorization: str | None, secret: str) -> None:
