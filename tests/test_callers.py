@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from werkzeug.test import Client
 
 from mailsvc import operator
 from mailsvc.app import create_app
@@ -101,8 +102,6 @@ def test_processes_that_remember_one_bucket_take_no_more_than_its_tokens(app, co
         tenant = make_tenant(app)
         operator.set_limit(app.store, tenant.id, "send", 3)
         clients = [app, other]
-        from werkzeug.test import Client
-
         answers = [
             Client(clients[n % 2]).post("/v1/emails", json=email_body(), headers=tenant.headers)
             for n in range(8)
@@ -123,8 +122,6 @@ def test_with_the_cache_off_every_request_reads_its_key(config, clock):
     config["caller_cache_seconds"] = 0
     app = create_app(config, clock=clock)
     try:
-        from werkzeug.test import Client
-
         tenant, client = make_tenant(app), Client(app)
         live = reads_recorded(app)
         for _ in range(3):
